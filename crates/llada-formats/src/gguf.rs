@@ -1,0 +1,517 @@
+//! GGUF v3 (and v2) reader over a memory map.
+//!
+//! Layout: magic `GGUF`, u32 version, u64 tensor count, u64 metadata count, metadata key/values,
+//! tensor infos (name, n_dims, dims innermost-first, type, offset), padding to
+//! `general.alignment`, tensor data. Every count, length and offset is checked against the file
+//! size before use, so truncated or hostile files give a [`FormatError`], never a panic.
+
+use crate::error::FormatError;
+use crate::tensor::{TensorSource, TensorView};
+use llada_kernels::{ByteOwner, GgmlType};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl Value {
+    /// Integer value of any integer type (non-negative).
+    pub fn as_u64(&self) -> Option<u64> {
+        Some(match *self {
+            Value::U8(v) => v as u64,
+            Value::U16(v) => v as u64,
+            Value::U32(v) => v as u64,
+            Value::U64(v) => v,
+            Value::I8(v) if v >= 0 => v as u64,
+            Value::I16(v) if v >= 0 => v as u64,
+            Value::I32(v) if v >= 0 => v as u64,
+            Value::I64(v) if v >= 0 => v as u64,
+            _ => return None,
+        })
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v as f64),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => self.as_u64().map(|v| v != 0),
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Memory map that owns the file's bytes.
+pub struct MappedFile(memmap2::Mmap);
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Map `path` read-only.
+pub fn map_file(path: &Path) -> Result<Arc<MappedFile>, FormatError> {
+    let f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+    // SAFETY: the map is read-only; we accept that another process truncating the file while we
+    // run is outside our guarantees (as every mmap-based loader does).
+    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(path, e))?;
+    Ok(Arc::new(MappedFile(m)))
+}
+
+/// One tensor's entry in the GGUF header.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions as stored (innermost first, ggml's `ne`).
+    pub ne: Vec<u64>,
+    pub ty: GgmlType,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A parsed GGUF file.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: BTreeMap<String, TensorInfo>,
+    /// Tensor names in file order.
+    pub order: Vec<String>,
+    pub data_offset: u64,
+    map: Arc<MappedFile>,
+}
+
+const MAX_DIMS: u32 = 4;
+const MAX_COUNT: u64 = 1 << 24;
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], FormatError> {
+        let end = (self.pos as u64).checked_add(n);
+        match end {
+            Some(end) if end <= self.buf.len() as u64 => {
+                let s = &self.buf[self.pos..end as usize];
+                self.pos = end as usize;
+                Ok(s)
+            }
+            _ => Err(FormatError::Truncated {
+                path: self.path.to_path_buf(),
+                what: what.to_string(),
+                offset: self.pos as u64,
+                len: self.buf.len() as u64,
+            }),
+        }
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, FormatError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, FormatError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn string(&mut self, what: &str) -> Result<String, FormatError> {
+        let n = self.u64(what)?;
+        let b = self.take(n, what)?;
+        String::from_utf8(b.to_vec())
+            .map_err(|_| FormatError::corrupt(self.path, format!("{what} is not valid UTF-8")))
+    }
+    fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<Value, FormatError> {
+        let what = format!("value of '{key}'");
+        Ok(match ty {
+            0 => Value::U8(self.take(1, &what)?[0]),
+            1 => Value::I8(self.take(1, &what)?[0] as i8),
+            2 => {
+                let b = self.take(2, &what)?;
+                Value::U16(u16::from_le_bytes([b[0], b[1]]))
+            }
+            3 => {
+                let b = self.take(2, &what)?;
+                Value::I16(i16::from_le_bytes([b[0], b[1]]))
+            }
+            4 => Value::U32(self.u32(&what)?),
+            5 => Value::I32(self.u32(&what)? as i32),
+            6 => Value::F32(f32::from_bits(self.u32(&what)?)),
+            7 => Value::Bool(self.take(1, &what)?[0] != 0),
+            8 => Value::String(self.string(&what)?),
+            9 => {
+                if depth > 2 {
+                    return Err(FormatError::corrupt(self.path, format!("'{key}': arrays nested too deeply")));
+                }
+                let et = self.u32(&what)?;
+                let n = self.u64(&what)?;
+                // Every element takes at least one byte: a count beyond the bytes left is corrupt.
+                let left = (self.buf.len() - self.pos) as u64;
+                if n > left {
+                    return Err(FormatError::Truncated {
+                        path: self.path.to_path_buf(),
+                        what: format!("array '{key}' of {n} elements"),
+                        offset: self.pos as u64,
+                        len: self.buf.len() as u64,
+                    });
+                }
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    v.push(self.value(et, key, depth + 1)?);
+                }
+                Value::Array(v)
+            }
+            10 => Value::U64(self.u64(&what)?),
+            11 => Value::I64(self.u64(&what)? as i64),
+            12 => Value::F64(f64::from_bits(self.u64(&what)?)),
+            t => {
+                return Err(FormatError::corrupt(
+                    self.path,
+                    format!("metadata '{key}' has unknown value type {t}"),
+                ))
+            }
+        })
+    }
+}
+
+impl GgufFile {
+    /// Open and validate a GGUF file.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let map = map_file(path)?;
+        Self::parse(path, map)
+    }
+
+    fn parse(path: &Path, map: Arc<MappedFile>) -> Result<Self, FormatError> {
+        let buf: &[u8] = (*map).as_ref();
+        let mut r = Reader { buf, pos: 0, path };
+        let magic = r.take(4, "magic").map_err(|_| FormatError::BadMagic {
+            path: path.to_path_buf(),
+            magic: buf[..buf.len().min(4)].to_vec(),
+        })?;
+        if magic != b"GGUF" {
+            return Err(FormatError::BadMagic {
+                path: path.to_path_buf(),
+                magic: magic.to_vec(),
+            });
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(FormatError::BadVersion {
+                path: path.to_path_buf(),
+                version,
+            });
+        }
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        if n_tensors > MAX_COUNT || n_kv > MAX_COUNT {
+            return Err(FormatError::corrupt(
+                path,
+                format!("absurd header counts: {n_tensors} tensors, {n_kv} metadata entries"),
+            ));
+        }
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = r.string(&format!("metadata key #{i}"))?;
+            let ty = r.u32(&format!("type of '{key}'"))?;
+            let v = r.value(ty, &key, 0)?;
+            metadata.insert(key, v);
+        }
+        let mut infos = Vec::with_capacity(n_tensors.min(4096) as usize);
+        for i in 0..n_tensors {
+            let name = r.string(&format!("tensor name #{i}"))?;
+            let nd = r.u32(&format!("n_dims of '{name}'"))?;
+            if nd == 0 || nd > MAX_DIMS {
+                return Err(FormatError::corrupt(path, format!("tensor '{name}' has {nd} dimensions")));
+            }
+            let mut ne = Vec::with_capacity(nd as usize);
+            for _ in 0..nd {
+                ne.push(r.u64(&format!("dims of '{name}'"))?);
+            }
+            let tid = r.u32(&format!("type of '{name}'"))?;
+            let off = r.u64(&format!("offset of '{name}'"))?;
+            infos.push((name, ne, tid, off));
+        }
+        let align = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= 1 << 16 => a,
+                _ => {
+                    return Err(FormatError::metadata(path, "general.alignment", ": not a power of two"))
+                }
+            },
+        };
+        let data_offset = (r.pos as u64).next_multiple_of(align);
+        let file_len = buf.len() as u64;
+        if data_offset > file_len && n_tensors > 0 {
+            return Err(FormatError::Truncated {
+                path: path.to_path_buf(),
+                what: "tensor data section".into(),
+                offset: data_offset,
+                len: file_len,
+            });
+        }
+        let mut tensors = BTreeMap::new();
+        let mut order = Vec::new();
+        for (name, ne, tid, off) in infos {
+            let ty = GgmlType::from_id(tid).ok_or_else(|| FormatError::UnsupportedType {
+                path: path.to_path_buf(),
+                tensor: name.clone(),
+                ty: format!("ggml type id {tid}"),
+            })?;
+            let numel = ne
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .filter(|&n| n > 0 && n < 1 << 40)
+                .ok_or_else(|| FormatError::corrupt(path, format!("tensor '{name}' has absurd dimensions {ne:?}")))?;
+            if ne[0] % ty.block_elems() as u64 != 0 {
+                return Err(FormatError::corrupt(
+                    path,
+                    format!("tensor '{name}': row length {} is not a multiple of the {ty} block size", ne[0]),
+                ));
+            }
+            let len = ty
+                .bytes_for(numel)
+                .ok_or_else(|| FormatError::corrupt(path, format!("tensor '{name}' size overflows")))?;
+            if off % align != 0 {
+                return Err(FormatError::corrupt(path, format!("tensor '{name}' offset {off} is not aligned to {align}")));
+            }
+            let abs = data_offset.checked_add(off);
+            let end = abs.and_then(|a| a.checked_add(len));
+            match (abs, end) {
+                (Some(abs), Some(end)) if end <= file_len => {
+                    if tensors.contains_key(&name) {
+                        return Err(FormatError::corrupt(path, format!("duplicate tensor '{name}'")));
+                    }
+                    order.push(name.clone());
+                    tensors.insert(
+                        name.clone(),
+                        TensorInfo {
+                            name,
+                            ne,
+                            ty,
+                            offset: abs,
+                            len,
+                        },
+                    );
+                }
+                _ => {
+                    return Err(FormatError::Truncated {
+                        path: path.to_path_buf(),
+                        what: format!("data of tensor '{name}' ({len} bytes at data offset {off})"),
+                        offset: data_offset.saturating_add(off),
+                        len: file_len,
+                    })
+                }
+            }
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            version,
+            metadata,
+            tensors,
+            order,
+            data_offset,
+            map,
+        })
+    }
+
+    /// A metadata value.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+    /// A required unsigned integer.
+    pub fn get_u64(&self, key: &str) -> Result<u64, FormatError> {
+        self.get(key)
+            .ok_or_else(|| FormatError::metadata(&self.path, key, " is missing"))?
+            .as_u64()
+            .ok_or_else(|| FormatError::metadata(&self.path, key, ": not an unsigned integer"))
+    }
+    /// A required float.
+    pub fn get_f64(&self, key: &str) -> Result<f64, FormatError> {
+        self.get(key)
+            .ok_or_else(|| FormatError::metadata(&self.path, key, " is missing"))?
+            .as_f64()
+            .ok_or_else(|| FormatError::metadata(&self.path, key, ": not a number"))
+    }
+    /// A required string.
+    pub fn get_str(&self, key: &str) -> Result<&str, FormatError> {
+        self.get(key)
+            .ok_or_else(|| FormatError::metadata(&self.path, key, " is missing"))?
+            .as_str()
+            .ok_or_else(|| FormatError::metadata(&self.path, key, ": not a string"))
+    }
+    /// The architecture name (`general.architecture`).
+    pub fn architecture(&self) -> Result<&str, FormatError> {
+        self.get_str("general.architecture")
+    }
+    /// The owner of the mapped bytes.
+    pub fn owner(&self) -> ByteOwner {
+        self.map.clone()
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn get(&self, name: &str) -> Option<TensorView> {
+        let t = self.tensors.get(name)?;
+        Some(TensorView {
+            name: t.name.clone(),
+            ty: t.ty,
+            shape: t.ne.iter().rev().map(|&d| d as usize).collect(),
+            owner: self.owner(),
+            offset: t.offset as usize,
+            len: t.len as usize,
+            file: self.path.clone(),
+        })
+    }
+    fn names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A minimal GGUF writer (F32/F16/quantized tensors, scalar/string/array metadata), used by
+/// `llada synth` and by tests that build hostile files.
+pub struct GgufWriter {
+    kv: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self {
+            kv: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+    pub fn kv(&mut self, key: &str, v: Value) -> &mut Self {
+        self.kv.push((key.to_string(), v));
+        self
+    }
+    /// Add a tensor with row-major `shape` (outermost first) and raw bytes of type `ty`.
+    pub fn tensor(&mut self, name: &str, shape: &[usize], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        let ne = shape.iter().rev().map(|&d| d as u64).collect();
+        self.tensors.push((name.to_string(), ne, ty, data));
+        self
+    }
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn type_id(v: &Value) -> u32 {
+        match v {
+            Value::U8(_) => 0,
+            Value::I8(_) => 1,
+            Value::U16(_) => 2,
+            Value::I16(_) => 3,
+            Value::U32(_) => 4,
+            Value::I32(_) => 5,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::String(_) => 8,
+            Value::Array(_) => 9,
+            Value::U64(_) => 10,
+            Value::I64(_) => 11,
+            Value::F64(_) => 12,
+        }
+    }
+    fn put_val(out: &mut Vec<u8>, v: &Value) {
+        match v {
+            Value::U8(x) => out.push(*x),
+            Value::I8(x) => out.push(*x as u8),
+            Value::U16(x) => out.extend(x.to_le_bytes()),
+            Value::I16(x) => out.extend(x.to_le_bytes()),
+            Value::U32(x) => out.extend(x.to_le_bytes()),
+            Value::I32(x) => out.extend(x.to_le_bytes()),
+            Value::F32(x) => out.extend(x.to_le_bytes()),
+            Value::Bool(x) => out.push(*x as u8),
+            Value::String(s) => Self::put_str(out, s),
+            Value::Array(a) => {
+                let et = a.first().map(Self::type_id).unwrap_or(4);
+                out.extend(et.to_le_bytes());
+                out.extend((a.len() as u64).to_le_bytes());
+                for e in a {
+                    Self::put_val(out, e);
+                }
+            }
+            Value::U64(x) => out.extend(x.to_le_bytes()),
+            Value::I64(x) => out.extend(x.to_le_bytes()),
+            Value::F64(x) => out.extend(x.to_le_bytes()),
+        }
+    }
+    /// Serialize to bytes (alignment 32).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend(b"GGUF");
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.kv.len() as u64).to_le_bytes());
+        for (k, v) in &self.kv {
+            Self::put_str(&mut out, k);
+            out.extend(Self::type_id(v).to_le_bytes());
+            Self::put_val(&mut out, v);
+        }
+        let mut off = 0u64;
+        for (name, ne, ty, data) in &self.tensors {
+            Self::put_str(&mut out, name);
+            out.extend((ne.len() as u32).to_le_bytes());
+            for d in ne {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(ty.id().to_le_bytes());
+            out.extend(off.to_le_bytes());
+            off = (off + data.len() as u64).next_multiple_of(32);
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend(data);
+            out.resize(out.len().next_multiple_of(32), 0);
+        }
+        out
+    }
+    /// Write to `path`.
+    pub fn write(&self, path: &Path) -> Result<(), FormatError> {
+        std::fs::write(path, self.to_bytes()).map_err(|e| FormatError::io(path, e))
+    }
+}

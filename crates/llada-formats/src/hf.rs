@@ -1,0 +1,121 @@
+//! Hugging Face model directories: `config.json`, `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`, and `tokenizer.json`. Weights are memory-mapped; the
+//! `safetensors` crate validates each header (offsets inside the file, no overlaps).
+
+use crate::error::FormatError;
+use crate::gguf::{map_file, MappedFile};
+use crate::tensor::{TensorSource, TensorView};
+use llada_kernels::GgmlType;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// An opened HF directory.
+pub struct HfDir {
+    pub dir: PathBuf,
+    /// `config.json` as parsed JSON.
+    pub config: serde_json::Value,
+    tensors: BTreeMap<String, TensorView>,
+    order: Vec<String>,
+}
+
+fn dtype_to_ggml(d: safetensors::Dtype) -> Option<GgmlType> {
+    match d {
+        safetensors::Dtype::F32 => Some(GgmlType::F32),
+        safetensors::Dtype::F16 => Some(GgmlType::F16),
+        safetensors::Dtype::BF16 => Some(GgmlType::BF16),
+        _ => None,
+    }
+}
+
+impl HfDir {
+    /// Open `dir` (must hold `config.json` and safetensors weights).
+    pub fn open(dir: &Path) -> Result<Self, FormatError> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| FormatError::io(&cfg_path, e))?;
+        let config: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| FormatError::corrupt(&cfg_path, format!("invalid JSON: {e}")))?;
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| FormatError::io(&index, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| FormatError::corrupt(&index, format!("invalid JSON: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| FormatError::metadata(&index, "weight_map", " is missing"))?;
+            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            files.sort();
+            files.dedup();
+            for f in &files {
+                if f.contains('/') || f.contains('\\') || f.contains("..") {
+                    return Err(FormatError::corrupt(&index, format!("shard name '{f}' is not a plain file name")));
+                }
+            }
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            let single = dir.join("model.safetensors");
+            if !single.exists() {
+                return Err(FormatError::io(
+                    &single,
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+                ));
+            }
+            vec![single]
+        };
+        let mut tensors = BTreeMap::new();
+        let mut order = Vec::new();
+        for f in files {
+            let map: Arc<MappedFile> = map_file(&f)?;
+            let buf: &[u8] = (*map).as_ref();
+            let st = safetensors::SafeTensors::deserialize(buf)
+                .map_err(|e| FormatError::corrupt(&f, format!("invalid safetensors: {e}")))?;
+            for (name, view) in st.tensors() {
+                let ty = dtype_to_ggml(view.dtype()).ok_or_else(|| FormatError::UnsupportedType {
+                    path: f.clone(),
+                    tensor: name.clone(),
+                    ty: format!("{:?}", view.dtype()),
+                })?;
+                let data = view.data();
+                let offset = data.as_ptr() as usize - buf.as_ptr() as usize;
+                let tv = TensorView {
+                    name: name.clone(),
+                    ty,
+                    shape: view.shape().to_vec(),
+                    owner: map.clone(),
+                    offset,
+                    len: data.len(),
+                    file: f.clone(),
+                };
+                if tensors.insert(name.clone(), tv).is_some() {
+                    return Err(FormatError::corrupt(&f, format!("tensor '{name}' appears in two shards")));
+                }
+                order.push(name);
+            }
+        }
+        order.sort();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            tensors,
+            order,
+        })
+    }
+
+    /// `config.json` path (for error messages).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config.json")
+    }
+}
+
+impl TensorSource for HfDir {
+    fn get(&self, name: &str) -> Option<TensorView> {
+        self.tensors.get(name).cloned()
+    }
+    fn names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}

@@ -1,0 +1,299 @@
+//! Tokenizers and chat templates.
+//!
+//! Both sources end as one `tokenizers::Tokenizer`: an HF `tokenizer.json` is loaded as is; the
+//! byte-level BPE embedded in GGUF metadata (`tokenizer.ggml.tokens`, `.merges`, `.token_type`,
+//! `.pre`) is turned into the equivalent `tokenizer.json` document, with the pre-tokenizer that
+//! llama.cpp associates with the `tokenizer.ggml.pre` name.
+
+use crate::error::FormatError;
+use crate::gguf::{GgufFile, Value};
+use serde_json::json;
+use std::path::Path;
+
+/// A chat template family.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatTemplate {
+    /// `<|im_start|>role\n…<|im_end|>\n` (SmolLM2, Qwen2, Dream), with the system prompt the
+    /// model's own template inserts when the conversation has none.
+    ChatMl { default_system: Option<String> },
+    /// LLaDA's Llama-3-style template:
+    /// `<|startoftext|><|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|>`.
+    Llama3 { bos: String },
+    /// No template: the prompt is used as is.
+    Raw,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+impl ChatTemplate {
+    /// Guess the family from a Jinja template string (GGUF `tokenizer.chat_template` or
+    /// `tokenizer_config.json`'s `chat_template`).
+    pub fn detect(jinja: &str) -> Self {
+        if jinja.contains("<|im_start|>") {
+            // The SmolLM2 and Qwen templates embed their default system prompt as a literal.
+            let default_system = jinja.find("<|im_start|>system\\n").or(jinja.find("<|im_start|>system\n")).and_then(|i| {
+                let rest = &jinja[i..];
+                let start = rest.find('\n').map(|p| p + 1).or(rest.find("\\n").map(|p| p + 2))?;
+                let end = rest.find("<|im_end|>")?;
+                let s = rest.get(start..end)?;
+                (!s.contains("{{") && !s.contains("{%") && !s.is_empty()).then(|| s.to_string())
+            });
+            ChatTemplate::ChatMl { default_system }
+        } else if jinja.contains("<|start_header_id|>") {
+            ChatTemplate::Llama3 {
+                bos: if jinja.contains("<|startoftext|>") {
+                    "<|startoftext|>".into()
+                } else {
+                    "<|begin_of_text|>".into()
+                },
+            }
+        } else {
+            ChatTemplate::Raw
+        }
+    }
+
+    /// Render a conversation, ending with the assistant header when `add_generation_prompt`.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> String {
+        let mut s = String::new();
+        match self {
+            ChatTemplate::ChatMl { default_system } => {
+                if let (Some(sys), Some(first)) = (default_system, messages.first()) {
+                    if first.role != "system" {
+                        s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+                    }
+                }
+                for m in messages {
+                    s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+                }
+                if add_generation_prompt {
+                    s.push_str("<|im_start|>assistant\n");
+                }
+            }
+            ChatTemplate::Llama3 { bos } => {
+                s.push_str(bos);
+                for m in messages {
+                    s.push_str(&format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+                        m.role, m.content
+                    ));
+                }
+                if add_generation_prompt {
+                    s.push_str("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                }
+            }
+            ChatTemplate::Raw => {
+                for m in messages {
+                    s.push_str(&m.content);
+                }
+            }
+        }
+        s
+    }
+}
+
+/// A tokenizer plus the special ids and chat template generation needs.
+#[derive(Clone)]
+pub struct Tokenizer {
+    pub inner: tokenizers::Tokenizer,
+    /// Ids that end generation (EOS, end-of-turn).
+    pub stop_ids: Vec<u32>,
+    pub bos_id: Option<u32>,
+    pub template: ChatTemplate,
+}
+
+impl Tokenizer {
+    /// Encode text (special tokens in the text are recognised, none are added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.inner
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+    /// Decode ids, keeping special tokens out of the text.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, true).unwrap_or_default()
+    }
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+    /// Id of a token string.
+    pub fn token_id(&self, tok: &str) -> Option<u32> {
+        self.inner.token_to_id(tok)
+    }
+
+    /// Load `tokenizer.json` (plus `tokenizer_config.json`'s template when present).
+    pub fn from_hf_dir(dir: &Path, eos: &[u32], default_template: ChatTemplate) -> Result<Self, FormatError> {
+        let p = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&p).map_err(|e| FormatError::Tokenizer {
+            path: p.clone(),
+            what: e.to_string(),
+        })?;
+        let cfg = dir.join("tokenizer_config.json");
+        let template = std::fs::read_to_string(&cfg)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(ChatTemplate::detect))
+            .unwrap_or(default_template);
+        let mut stop_ids = eos.to_vec();
+        for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>"] {
+            if let Some(id) = inner.token_to_id(t) {
+                if !stop_ids.contains(&id) {
+                    stop_ids.push(id);
+                }
+            }
+        }
+        Ok(Self {
+            inner,
+            stop_ids,
+            bos_id: None,
+            template,
+        })
+    }
+
+    /// Build the tokenizer embedded in a GGUF file (byte-level BPE, `tokenizer.ggml.model = gpt2`).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, FormatError> {
+        let path = &g.path;
+        let terr = |what: String| FormatError::Tokenizer {
+            path: path.clone(),
+            what,
+        };
+        let model = g.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(terr(format!(
+                "tokenizer model '{model}' is not supported (only byte-level BPE, 'gpt2')"
+            )));
+        }
+        let tokens = g
+            .get("tokenizer.ggml.tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| FormatError::metadata(path, "tokenizer.ggml.tokens", " is missing"))?;
+        let merges = g
+            .get("tokenizer.ggml.merges")
+            .and_then(Value::as_array)
+            .ok_or_else(|| FormatError::metadata(path, "tokenizer.ggml.merges", " is missing"))?;
+        let types = g.get("tokenizer.ggml.token_type").and_then(Value::as_array);
+        let mut vocab = serde_json::Map::with_capacity(tokens.len());
+        let mut added = Vec::new();
+        for (i, t) in tokens.iter().enumerate() {
+            let t = t.as_str().ok_or_else(|| terr(format!("token {i} is not a string")))?;
+            vocab.insert(t.to_string(), json!(i));
+            let ty = types.and_then(|ts| ts.get(i)).and_then(Value::as_u64).unwrap_or(1);
+            // 3 = control, 4 = user-defined: matched whole in the input text.
+            if ty == 3 || ty == 4 {
+                added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": ty == 3}));
+            }
+        }
+        let merges: Vec<serde_json::Value> = merges
+            .iter()
+            .map(|m| m.as_str().map(|s| json!(s)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| terr("a merge is not a string".into()))?;
+        let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+        let byte_level = |use_regex: bool| {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
+        };
+        let split = |re: &str| {
+            json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})
+        };
+        const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        let pre_tok = match pre {
+            // SmolLM: digits one by one, then GPT-2's regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
+            "smollm" => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+            "llama-bpe" | "llama3" => {
+                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
+            }
+            "gpt2" | "default" => byte_level(true),
+            other => return Err(terr(format!("pre-tokenizer '{other}' is not supported"))),
+        };
+        let doc = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added, "normalizer": null, "pre_tokenizer": pre_tok,
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                "ignore_merges": false, "vocab": vocab, "merges": merges}
+        });
+        let inner: tokenizers::Tokenizer = doc
+            .to_string()
+            .parse()
+            .map_err(|e: tokenizers::Error| terr(e.to_string()))?;
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
+        let mut stop_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+        for k in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Some(v) = id(k) {
+                stop_ids.push(v);
+            }
+        }
+        for t in ["<|im_end|>", "<|eot_id|>"] {
+            if let Some(v) = inner.token_to_id(t) {
+                if !stop_ids.contains(&v) {
+                    stop_ids.push(v);
+                }
+            }
+        }
+        let template = g
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+            .map(ChatTemplate::detect)
+            .unwrap_or(ChatTemplate::Raw);
+        Ok(Self {
+            inner,
+            stop_ids,
+            bos_id: id("tokenizer.ggml.bos_token_id"),
+            template,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_inserts_default_system() {
+        let j = "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are helpful<|im_end|>\\n' }}{% endif %}<|im_start|>";
+        let t = ChatTemplate::detect(j);
+        assert_eq!(
+            t,
+            ChatTemplate::ChatMl {
+                default_system: Some("You are helpful".into())
+            }
+        );
+        let s = t.render(&[Message::new("user", "Hi")], true);
+        assert_eq!(
+            s,
+            "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn llama3_template() {
+        let t = ChatTemplate::Llama3 {
+            bos: "<|startoftext|>".into(),
+        };
+        assert_eq!(
+            t.render(&[Message::new("user", "2+2?")], true),
+            "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+    }
+}
