@@ -1,1 +1,34 @@
+//! Model architectures and the forward pass.
+//!
+//! * [`config`]: hyper-parameters of the four supported architectures, read from GGUF metadata
+//!   or an HF `config.json` with the real field names;
+//! * [`weights`]: tensors mapped into [`weights::Linear`] layers (our quantized kernel, or
+//!   candle for dense weights), with llama.cpp's q/k row permutation undone at load;
+//! * [`forward`]: the one forward entry point every decoder uses ([`Model::forward`]).
+pub mod config;
+pub mod forward;
+pub mod load;
+pub mod weights;
 
+pub use config::{Arch, ModelConfig};
+pub use forward::{AttnMask, ForwardOutput, ForwardRequest, KvWrite, LogitRows};
+pub use load::{LoadOptions, Model};
+
+/// Errors from loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Format(#[from] llada_formats::FormatError),
+    #[error(transparent)]
+    Kv(#[from] llada_runtime::KvError),
+    #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
+    BadToken { id: u32, vocab: usize },
+    #[error("position {pos} is beyond the model's context length {ctx}: the prompt plus generation is too long")]
+    ContextOverflow { pos: u32, ctx: usize },
+    #[error("invalid forward request: {0}")]
+    BadRequest(String),
+    #[error("compute backend: {0}")]
+    Backend(#[from] candle_core::Error),
+    #[error("{0}")]
+    Other(String),
+}

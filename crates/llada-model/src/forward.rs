@@ -1,0 +1,349 @@
+//! The forward entry point shared by every decoder (autoregressive, diffusion, speculative).
+//!
+//! A request is a batch of `(token, position)` rows plus:
+//! * an attention specification ([`AttnMask`]) saying which keys each row sees — keys are the
+//!   valid KV-cache slots followed by the batch's own rows;
+//! * which rows write their K/V into which cache slot ([`KvWrite`]) — a slot below the cache
+//!   length is overwritten (revision) and is then read from the batch, not from the stale cache;
+//! * for which rows logits are computed ([`LogitRows`]); the final norm and LM head run only
+//!   for those rows (selective logits).
+//!
+//! Logits are returned raw, per row; Dream's one-position shift is the decoder's business.
+
+use crate::{Model, ModelError};
+use llada_runtime::trace::{OpSpan, Tracer};
+use llada_runtime::KvCache;
+use rayon::prelude::*;
+
+/// Which keys a query row sees.
+#[derive(Debug, Clone, Copy)]
+pub enum AttnMask<'a> {
+    /// Key visible iff its position ≤ the query's position.
+    Causal,
+    /// Every key visible.
+    Bidirectional,
+    /// Key visible iff `key_pos / block ≤ query_pos / block` (semi-autoregressive blocks).
+    Blockwise { block: u32 },
+    /// Row-major `n × n` visibility among the batch rows (`mask[i·n + j]`: row i sees row j);
+    /// every cache slot is visible (token trees over a committed prefix).
+    Explicit(&'a [bool]),
+}
+
+impl AttnMask<'_> {
+    #[inline]
+    fn by_pos(&self, q: u32, k: u32) -> bool {
+        match *self {
+            AttnMask::Causal => k <= q,
+            AttnMask::Bidirectional | AttnMask::Explicit(_) => true,
+            AttnMask::Blockwise { block } => k / block <= q / block,
+        }
+    }
+}
+
+/// Which rows write K/V into the cache.
+#[derive(Debug, Clone, Copy)]
+pub enum KvWrite<'a> {
+    /// Nothing is written (the cache is only read).
+    None,
+    /// Every row is appended, in order, after the current cache length.
+    Append,
+    /// `slots[i]`: the cache slot row i writes, or `None`.
+    Slots(&'a [Option<usize>]),
+}
+
+/// Rows whose logits are computed.
+#[derive(Debug, Clone, Copy)]
+pub enum LogitRows<'a> {
+    None,
+    All,
+    Last,
+    Rows(&'a [usize]),
+}
+
+/// One forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardRequest<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub mask: AttnMask<'a>,
+    pub kv_write: KvWrite<'a>,
+    pub logits: LogitRows<'a>,
+}
+
+impl<'a> ForwardRequest<'a> {
+    /// Causal rows appended to the cache, logits for the last row (AR prefill/decode).
+    pub fn causal_append(tokens: &'a [u32], positions: &'a [u32]) -> Self {
+        Self {
+            tokens,
+            positions,
+            mask: AttnMask::Causal,
+            kv_write: KvWrite::Append,
+            logits: LogitRows::Last,
+        }
+    }
+}
+
+/// Logits of the requested rows.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// `rows.len() × vocab`, row-major.
+    pub logits: Vec<f32>,
+    /// Batch row index of each logits row.
+    pub rows: Vec<usize>,
+    pub vocab: usize,
+}
+
+impl ForwardOutput {
+    /// Logits of the `i`-th returned row.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab..(i + 1) * self.vocab]
+    }
+    /// Logits of batch row `r`, if computed.
+    pub fn for_batch_row(&self, r: usize) -> Option<&[f32]> {
+        self.rows.iter().position(|&x| x == r).map(|i| self.row(i))
+    }
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let n8 = a.len() / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in n8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+fn rmsnorm(x: &[f32], w: &[f32], eps: f64, rows: &[usize], layer: i32) -> Vec<f32> {
+    let d = w.len();
+    let _s = OpSpan::begin("rmsnorm", layer, &[rows.len() as u64, d as u64], "F32").cost((rows.len() * d * 4 + d * 4) as u64, (rows.len() * d * 4) as u64, (rows.len() * d * 3) as u64);
+    let mut out = vec![0f32; rows.len() * d];
+    for (o, &r) in out.chunks_exact_mut(d).zip(rows) {
+        let xr = &x[r * d..(r + 1) * d];
+        let ss: f64 = xr.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        let inv = 1.0 / ((ss / d as f64) + eps).sqrt();
+        for ((o, v), g) in o.iter_mut().zip(xr).zip(w) {
+            *o = ((*v as f64) * inv) as f32 * g;
+        }
+    }
+    out
+}
+
+/// Rotate-half RoPE (HF layout) on `n` rows of `heads` heads, in place.
+fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
+    let half = hd / 2;
+    for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
+        let (c, s) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
+        for h in row.chunks_exact_mut(hd) {
+            let (a, b) = h.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                a[i] = x1 * c[i] - x2 * s[i];
+                b[i] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+}
+
+impl Model {
+    /// Run one forward pass. `cache` is read (its valid slots are keys) and written as
+    /// `req.kv_write` says.
+    pub fn forward(&self, req: &ForwardRequest, cache: &mut KvCache) -> Result<ForwardOutput, ModelError> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = req.tokens.len();
+        if n == 0 || req.positions.len() != n {
+            return Err(ModelError::BadRequest(format!("{} tokens but {} positions", n, req.positions.len())));
+        }
+        if let Some(&p) = req.positions.iter().find(|&&p| p as usize >= c.max_ctx) {
+            return Err(ModelError::ContextOverflow { pos: p, ctx: c.max_ctx });
+        }
+        if let AttnMask::Explicit(m) = req.mask {
+            if m.len() != n * n {
+                return Err(ModelError::BadRequest(format!("explicit mask has {} entries, need {}", m.len(), n * n)));
+            }
+        }
+        if let AttnMask::Blockwise { block: 0 } = req.mask {
+            return Err(ModelError::BadRequest("block size 0".into()));
+        }
+        if cache.n_layers() != c.n_layers || cache.kv_dim() != c.kv_dim() {
+            return Err(ModelError::BadRequest("KV cache shape does not match the model".into()));
+        }
+        // Where each row's K/V goes.
+        let old_len = cache.len();
+        let slots: Vec<Option<usize>> = match req.kv_write {
+            KvWrite::None => vec![None; n],
+            KvWrite::Append => (0..n).map(|i| Some(old_len + i)).collect(),
+            KvWrite::Slots(s) => {
+                if s.len() != n {
+                    return Err(ModelError::BadRequest(format!("{} KV slots for {n} rows", s.len())));
+                }
+                s.to_vec()
+            }
+        };
+        let written: Vec<usize> = slots.iter().flatten().copied().collect();
+        let new_len = cache.plan_write(&written)?;
+        let mut excluded = vec![false; old_len];
+        for &s in &written {
+            if s < old_len {
+                excluded[s] = true;
+            }
+        }
+        let cache_pos: Vec<u32> = cache.positions().to_vec();
+        cache.grow_to(new_len);
+        let logit_rows: Vec<usize> = match req.logits {
+            LogitRows::None => vec![],
+            LogitRows::All => (0..n).collect(),
+            LogitRows::Last => vec![n - 1],
+            LogitRows::Rows(r) => {
+                if let Some(&bad) = r.iter().find(|&&r| r >= n) {
+                    return Err(ModelError::BadRequest(format!("logit row {bad} outside the batch of {n}")));
+                }
+                r.to_vec()
+            }
+        };
+
+        Tracer::global().next_pass();
+        let (d, hd, nh, nkv) = (c.d_model, c.head_dim, c.n_heads, c.n_kv_heads);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let all_rows: Vec<usize> = (0..n).collect();
+
+        let mut x = vec![0f32; n * d];
+        {
+            let _s = OpSpan::begin("embed", -1, &[n as u64, d as u64], w.embed.view().ty.name()).cost((n * w.embed.view().len / w.embed.vocab.max(1)) as u64, (n * d * 4) as u64, 0);
+            for (row, &t) in x.chunks_exact_mut(d).zip(req.tokens) {
+                w.embed.lookup(t, row)?;
+            }
+        }
+        // RoPE tables for the batch positions (angles in f64).
+        let half = hd / 2;
+        let mut cos = vec![0f32; n * half];
+        let mut sin = vec![0f32; n * half];
+        for (r, &p) in req.positions.iter().enumerate() {
+            for i in 0..half {
+                let inv = c.rope_theta.powf(-2.0 * i as f64 / hd as f64);
+                let a = p as f64 * inv;
+                cos[r * half + i] = a.cos() as f32;
+                sin[r * half + i] = a.sin() as f32;
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = nh / nkv;
+
+        for (li, layer) in w.layers.iter().enumerate() {
+            let l = li as i32;
+            let h = rmsnorm(&x, &layer.attn_norm, c.rms_eps, &all_rows, l);
+            let mut hq = None;
+            let mut q = layer.wq.forward(&h, &mut hq, n, l, "attn_q")?;
+            let mut k = layer.wk.forward(&h, &mut hq, n, l, "attn_k")?;
+            let mut v = layer.wv.forward(&h, &mut hq, n, l, "attn_v")?;
+            for (t, b) in [(&mut q, &layer.bq), (&mut k, &layer.bk), (&mut v, &layer.bv)] {
+                if let Some(b) = b {
+                    for row in t.chunks_exact_mut(b.len()) {
+                        row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                    }
+                }
+            }
+            {
+                let _s = OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32").cost(((qd + kvd) * n * 4) as u64, ((qd + kvd) * n * 4) as u64, ((qd + kvd) * n * 3) as u64);
+                rope(&mut q, nh, hd, &cos, &sin);
+                rope(&mut k, nkv, hd, &cos, &sin);
+            }
+            let ck = &cache.k(li)[..old_len * kvd];
+            let cv = &cache.v(li)[..old_len * kvd];
+            let mut attn = vec![0f32; n * qd];
+            {
+                let visible_keys = old_len - excluded.iter().filter(|e| **e).count() + n;
+                let _s = OpSpan::begin("attention", l, &[n as u64, visible_keys as u64, nh as u64, hd as u64], "F32").cost((2 * visible_keys * kvd * 4 + n * qd * 4) as u64, (n * qd * 4) as u64, (4 * n * visible_keys * qd) as u64);
+                let mask = req.mask;
+                let positions = req.positions;
+                let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
+                attn.par_chunks_mut(hd).enumerate().with_min_len(4).for_each(|(idx, out)| {
+                    let (i, head) = (idx / nh, idx % nh);
+                    let g = head / group;
+                    let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                    let pi = positions[i];
+                    let mut scores: Vec<f32> = Vec::with_capacity(old_len + n);
+                    let mut vals: Vec<&[f32]> = Vec::with_capacity(old_len + n);
+                    for s in 0..old_len {
+                        if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
+                            continue;
+                        }
+                        let o = s * kvd + g * hd;
+                        scores.push(dot(qv, &ck[o..o + hd]) * scale);
+                        vals.push(&cv[o..o + hd]);
+                    }
+                    for j in 0..n {
+                        let vis = match mask {
+                            AttnMask::Explicit(m) => m[i * n + j],
+                            _ => mask.by_pos(pi, positions[j]),
+                        };
+                        if !vis {
+                            continue;
+                        }
+                        let o = j * kvd + g * hd;
+                        scores.push(dot(qv, &k[o..o + hd]) * scale);
+                        vals.push(&v[o..o + hd]);
+                    }
+                    let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for s in scores.iter_mut() {
+                        *s = (*s - mx).exp();
+                        sum += *s;
+                    }
+                    out.iter_mut().for_each(|o| *o = 0.0);
+                    if sum > 0.0 {
+                        let inv = 1.0 / sum;
+                        for (p, vr) in scores.iter().zip(&vals) {
+                            let p = p * inv;
+                            for (o, vv) in out.iter_mut().zip(vr.iter()) {
+                                *o += p * vv;
+                            }
+                        }
+                    }
+                });
+            }
+            // Deferred cache write for this layer (after every row has read the old cache).
+            for (i, s) in slots.iter().enumerate() {
+                if let Some(s) = *s {
+                    cache.write(li, s, req.positions[i], &k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+                }
+            }
+            let mut aq = None;
+            let o = layer.wo.forward(&attn, &mut aq, n, l, "attn_output")?;
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+            let h = rmsnorm(&x, &layer.ffn_norm, c.rms_eps, &all_rows, l);
+            let mut hq = None;
+            let mut g = layer.w_gate.forward(&h, &mut hq, n, l, "ffn_gate")?;
+            let u = layer.w_up.forward(&h, &mut hq, n, l, "ffn_up")?;
+            {
+                let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost((2 * n * c.ffn * 4) as u64, (n * c.ffn * 4) as u64, (5 * n * c.ffn) as u64);
+                g.iter_mut().zip(&u).for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
+            }
+            let mut gq = None;
+            let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
+            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+        }
+
+        let vocab = c.vocab;
+        if logit_rows.is_empty() {
+            return Ok(ForwardOutput { logits: vec![], rows: vec![], vocab });
+        }
+        let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
+        let mut hq = None;
+        let logits = w.lm_head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
+        Ok(ForwardOutput { logits, rows: logit_rows, vocab })
+    }
+
+    /// A KV cache sized for this model's context.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.config.n_layers, self.config.kv_dim(), self.config.max_ctx)
+    }
+}

@@ -1,0 +1,284 @@
+//! Loading a model from a GGUF file or an HF directory.
+
+use crate::config::{Arch, ModelConfig};
+use crate::weights::{Embedding, Layer, Linear, Weights};
+use crate::ModelError;
+use llada_formats::gguf::GgufFile;
+use llada_formats::hf::HfDir;
+use llada_formats::tokenizer::{ChatTemplate, Tokenizer};
+use llada_formats::{FormatError, TensorSource, TensorView};
+use llada_kernels::GgmlType;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options for [`Model::load`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Requantize every matrix to this type at load (e.g. Q8_0 for bf16 checkpoints).
+    pub quantize: Option<GgmlType>,
+    /// Skip loading the tokenizer.
+    pub no_tokenizer: bool,
+}
+
+/// Where the model came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelFormat {
+    Gguf,
+    HfDir,
+}
+
+/// A loaded model: config, weights and (usually) its tokenizer.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub tokenizer: Option<Tokenizer>,
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    /// (type name, tensor count, bytes) over all stored tensors.
+    pub tensor_types: Vec<(String, usize, u64)>,
+}
+
+/// Tensor names of one layer in a given naming scheme.
+struct Names {
+    attn_norm: String,
+    q: String,
+    k: String,
+    v: String,
+    o: String,
+    ffn_norm: String,
+    gate: String,
+    up: String,
+    down: String,
+    bias: [String; 3],
+}
+
+fn gguf_names(i: usize) -> Names {
+    let p = format!("blk.{i}.");
+    Names {
+        attn_norm: format!("{p}attn_norm.weight"),
+        q: format!("{p}attn_q.weight"),
+        k: format!("{p}attn_k.weight"),
+        v: format!("{p}attn_v.weight"),
+        o: format!("{p}attn_output.weight"),
+        ffn_norm: format!("{p}ffn_norm.weight"),
+        gate: format!("{p}ffn_gate.weight"),
+        up: format!("{p}ffn_up.weight"),
+        down: format!("{p}ffn_down.weight"),
+        bias: [format!("{p}attn_q.bias"), format!("{p}attn_k.bias"), format!("{p}attn_v.bias")],
+    }
+}
+
+fn hf_names(arch: Arch, i: usize) -> Names {
+    if arch == Arch::LLaDA {
+        let p = format!("model.transformer.blocks.{i}.");
+        Names {
+            attn_norm: format!("{p}attn_norm.weight"),
+            q: format!("{p}q_proj.weight"),
+            k: format!("{p}k_proj.weight"),
+            v: format!("{p}v_proj.weight"),
+            o: format!("{p}attn_out.weight"),
+            ffn_norm: format!("{p}ff_norm.weight"),
+            gate: format!("{p}ff_proj.weight"),
+            up: format!("{p}up_proj.weight"),
+            down: format!("{p}ff_out.weight"),
+            bias: [format!("{p}q_proj.bias"), format!("{p}k_proj.bias"), format!("{p}v_proj.bias")],
+        }
+    } else {
+        let p = format!("model.layers.{i}.");
+        Names {
+            attn_norm: format!("{p}input_layernorm.weight"),
+            q: format!("{p}self_attn.q_proj.weight"),
+            k: format!("{p}self_attn.k_proj.weight"),
+            v: format!("{p}self_attn.v_proj.weight"),
+            o: format!("{p}self_attn.o_proj.weight"),
+            ffn_norm: format!("{p}post_attention_layernorm.weight"),
+            gate: format!("{p}mlp.gate_proj.weight"),
+            up: format!("{p}mlp.up_proj.weight"),
+            down: format!("{p}mlp.down_proj.weight"),
+            bias: [
+                format!("{p}self_attn.q_proj.bias"),
+                format!("{p}self_attn.k_proj.bias"),
+                format!("{p}self_attn.v_proj.bias"),
+            ],
+        }
+    }
+}
+
+/// Undo llama.cpp's q/k row permutation (`convert_hf_to_gguf.py`'s `LlamaModel.permute`, applied
+/// to llama and llada): stored row `h·D + 2j + i` is HF row `h·D + i·D/2 + j`. Works on whole
+/// rows, so on any (quantized) type; biases are 1-row-per-element and handled the same way.
+fn unpermute_rows(v: &TensorView, n_head: usize) -> Result<TensorView, ModelError> {
+    let rows = v.shape[0];
+    if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+        return Err(FormatError::corrupt(&v.file, format!("tensor '{}': {rows} rows do not split into {n_head} heads", v.name)).into());
+    }
+    let hd = rows / n_head;
+    let rb = v.len / rows;
+    let src = v.bytes();
+    let mut out = vec![0u8; v.len];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for j in 0..hd / 2 {
+                let hf = h * hd + i * hd / 2 + j;
+                let st = h * hd + 2 * j + i;
+                out[hf * rb..(hf + 1) * rb].copy_from_slice(&src[st * rb..(st + 1) * rb]);
+            }
+        }
+    }
+    let mut nv = v.clone();
+    nv.len = out.len();
+    nv.owner = Arc::new(out);
+    nv.offset = 0;
+    Ok(nv)
+}
+
+fn vec1(src: &dyn TensorSource, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let v = src.require(name)?;
+    v.expect_shape(&[n])?;
+    Ok(v.to_f32())
+}
+
+fn matrix(src: &dyn TensorSource, name: &str, rows: usize, cols: usize, requant: Option<GgmlType>, unpermute_heads: Option<usize>) -> Result<Linear, ModelError> {
+    let mut v = src.require(name)?;
+    v.expect_shape(&[rows, cols])?;
+    if let Some(h) = unpermute_heads {
+        v = unpermute_rows(&v, h)?;
+    }
+    Linear::from_view(&v, requant)
+}
+
+impl Model {
+    /// Load a GGUF file or an HF directory.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Self::load_hf(path, opts)
+        } else {
+            Self::load_gguf(path, opts)
+        }
+    }
+
+    fn type_summary(src: &dyn TensorSource) -> Vec<(String, usize, u64)> {
+        let mut m: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+        for n in src.names() {
+            if let Some(v) = src.get(&n) {
+                let e = m.entry(v.ty.name().to_string()).or_default();
+                e.0 += 1;
+                e.1 += v.len as u64;
+            }
+        }
+        m.into_iter().map(|(k, (c, b))| (k, c, b)).collect()
+    }
+
+    fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
+        let g = GgufFile::open(path)?;
+        let config = ModelConfig::from_gguf(&g)?;
+        let permuted = matches!(config.arch, Arch::Llama | Arch::LLaDA);
+        let weights = Self::load_weights(&g, &config, opts, gguf_names, "token_embd.weight", "output_norm.weight", "output.weight", permuted)?;
+        let tokenizer = if opts.no_tokenizer {
+            None
+        } else {
+            Some(Tokenizer::from_gguf(&g)?)
+        };
+        Ok(Self {
+            tensor_types: Self::type_summary(&g),
+            config,
+            weights,
+            tokenizer,
+            path: path.to_path_buf(),
+            format: ModelFormat::Gguf,
+        })
+    }
+
+    fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
+        let hf = HfDir::open(dir)?;
+        let config = ModelConfig::from_hf(&hf.config, &hf.config_path())?;
+        let arch = config.arch;
+        let (emb, norm, head) = if arch == Arch::LLaDA {
+            ("model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight")
+        } else {
+            ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+        };
+        let weights = Self::load_weights(&hf, &config, opts, |i| hf_names(arch, i), emb, norm, head, false)?;
+        let tokenizer = if opts.no_tokenizer || !dir.join("tokenizer.json").exists() {
+            None
+        } else {
+            let eos: Vec<u32> = config.eos_id.into_iter().collect();
+            let default = match arch {
+                Arch::LLaDA => ChatTemplate::Llama3 {
+                    bos: "<|startoftext|>".into(),
+                },
+                Arch::Llama => ChatTemplate::Raw,
+                _ => ChatTemplate::ChatMl { default_system: None },
+            };
+            Some(Tokenizer::from_hf_dir(dir, &eos, default)?)
+        };
+        Ok(Self {
+            tensor_types: Self::type_summary(&hf),
+            config,
+            weights,
+            tokenizer,
+            path: dir.to_path_buf(),
+            format: ModelFormat::HfDir,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_weights(src: &dyn TensorSource, c: &ModelConfig, opts: &LoadOptions, names: impl Fn(usize) -> Names, emb: &str, norm: &str, head: &str, permuted: bool) -> Result<Weights, ModelError> {
+        let d = c.d_model;
+        let q = opts.quantize;
+        let embed_view = src.require(emb)?;
+        embed_view.expect_shape(&[c.vocab, d])?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = names(i);
+            let perm_q = permuted.then_some(c.n_heads);
+            let perm_k = permuted.then_some(c.n_kv_heads);
+            let bias = |name: &str, len: usize, heads: Option<usize>| -> Result<Option<Vec<f32>>, ModelError> {
+                if !c.qkv_bias {
+                    return Ok(None);
+                }
+                let mut v = src.require(name)?;
+                v.expect_shape(&[len])?;
+                if let Some(h) = heads {
+                    // Treat the bias as a [len × 1] matrix for the row permutation.
+                    v.shape = vec![len, 1];
+                    v = unpermute_rows(&v, h)?;
+                    v.shape = vec![len];
+                }
+                Ok(Some(v.to_f32()))
+            };
+            layers.push(Layer {
+                attn_norm: vec1(src, &n.attn_norm, d)?,
+                wq: matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
+                wk: matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
+                wv: matrix(src, &n.v, c.kv_dim(), d, q, None)?,
+                bq: bias(&n.bias[0], c.q_dim(), perm_q)?,
+                bk: bias(&n.bias[1], c.kv_dim(), perm_k)?,
+                bv: bias(&n.bias[2], c.kv_dim(), None)?,
+                wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
+                ffn_norm: vec1(src, &n.ffn_norm, d)?,
+                w_gate: matrix(src, &n.gate, c.ffn, d, q, None)?,
+                w_up: matrix(src, &n.up, c.ffn, d, q, None)?,
+                w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
+            });
+        }
+        let lm_head = if c.tied_embeddings {
+            Linear::from_view(&embed_view, q)?
+        } else {
+            matrix(src, head, c.vocab, d, q, None)?
+        };
+        Ok(Weights {
+            embed: Embedding::new(embed_view),
+            layers,
+            final_norm: vec1(src, norm, d)?,
+            lm_head,
+        })
+    }
+
+    /// Bytes of weights one decoding step reads (all layers + LM head).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.weights.layers.iter().map(|l| l.weight_bytes() as u64).sum::<u64>()
+            + self.weights.lm_head.weight_bytes() as u64
+            + (self.weights.final_norm.len() * 4) as u64
+    }
+}
