@@ -1,1 +1,10 @@
+//! Decoders. Every decoder drives [`llada_model::Model::forward`]; token selection lives in
+//! [`sampling`] only.
+//!
+//! * [`sampling`]: greedy, temperature, top-k, top-p with a seeded RNG;
+//! * [`ar`]: autoregressive generation with streaming and stop conditions.
+pub mod ar;
+pub mod sampling;
 
+pub use ar::{generate, GenerateConfig, GenerateOutput, StopReason};
+pub use sampling::{Sampler, SamplingParams};

@@ -1,0 +1,361 @@
+//! `llada`: run LLMs on small machines.
+//!
+//! Subcommands: `generate` (one prompt), `chat` (interactive), `fetch` (download a model by
+//! alias), `info` (what a model file holds), `bench` (speed against the machine's memory floor).
+
+mod bench;
+mod models;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use llada_decode::{generate, GenerateConfig, SamplingParams};
+use llada_formats::tokenizer::{ChatTemplate, Message};
+use llada_model::{LoadOptions, Model};
+use llada_runtime::{Lane, Tracer};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "llada",
+    version,
+    about = "On-device LLM inference: autoregressive, diffusion and speculative decoding.",
+    long_about = "llada runs GGUF files and Hugging Face directories (LLaMA, Qwen2, LLaDA, Dream) on CPUs.\n\n\
+Quick start:\n  llada generate \"The capital of France is\"        # fetches the default model (smollm2) on first use\n  \
+llada chat                                          # talk to it\n  llada info smollm2                                  # what is inside a model file\n  \
+llada bench smollm2                                 # tokens/s against the memory-bandwidth floor"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from one prompt (streams to stdout).
+    Generate(GenerateArgs),
+    /// Interactive chat with the model's chat template (/reset clears, /exit quits).
+    Chat(ChatArgs),
+    /// Download a model by alias into the cache (`llada fetch smollm2`).
+    Fetch {
+        /// Alias to fetch; `--list` shows them.
+        name: Option<String>,
+        /// List known aliases.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Show a model's architecture, parameter count, tensor types and bytes.
+    Info {
+        /// Alias, GGUF file or HF directory.
+        model: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure prefill/decode speed, memory bandwidth and matmul throughput.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Alias (`smollm2`), GGUF file, or HF directory (config.json + safetensors + tokenizer.json).
+    #[arg(long, short = 'm', default_value = "smollm2")]
+    model: String,
+    /// Worker threads of the dense lane (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Requantize all matrices at load: q8_0, q4_0, q4_1 or q4_k (useful for f16/bf16 checkpoints).
+    #[arg(long)]
+    quantize: Option<String>,
+    /// Write an operator trace (JSON Lines: op, shape, bytes, lane, start/end ns) to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    /// Maximum number of tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, short = 't', default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling: keep the smallest set reaching this probability (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Random seed (sampling is reproducible for a given seed).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when this string appears (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// The prompt (wrapped in the model's chat template unless --raw).
+    prompt: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Use the prompt as is, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// System prompt for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+    /// Print one JSON object (text, tokens, timings) instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// System prompt.
+    #[arg(long)]
+    system: Option<String>,
+}
+
+fn parse_quant(s: &Option<String>) -> Result<Option<llada_kernels::GgmlType>> {
+    match s {
+        None => Ok(None),
+        Some(s) => {
+            let t = llada_kernels::GgmlType::from_name(s).filter(|t| llada_kernels::QMatrix::supports(*t));
+            match t {
+                Some(t) => Ok(Some(t)),
+                None => bail!("--quantize {s}: choose one of q8_0, q4_0, q4_1, q4_k"),
+            }
+        }
+    }
+}
+
+fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
+    let path = models::resolve(&args.model, quiet)?;
+    let opts = LoadOptions {
+        quantize: parse_quant(&args.quantize)?,
+        no_tokenizer: false,
+    };
+    let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let lane = Lane::new("dense", threads)?;
+    if args.trace.is_some() {
+        Tracer::global().enable(true);
+    }
+    Ok((model, lane))
+}
+
+fn write_trace(args: &ModelArgs, model: &Model) -> Result<()> {
+    if let Some(p) = &args.trace {
+        let header = serde_json::json!({
+            "llada_trace": 1,
+            "model": model.path.display().to_string(),
+            "arch": model.config.arch.name(),
+        });
+        let recs = Tracer::global().drain();
+        Tracer::write_jsonl(p, &header, &recs).with_context(|| format!("writing trace {}", p.display()))?;
+        eprintln!("trace: {} operator records written to {}", recs.len(), p.display());
+    }
+    Ok(())
+}
+
+fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
+    let sampling = SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        seed: s.seed,
+    };
+    sampling.validate().map_err(anyhow::Error::msg)?;
+    if s.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
+    Ok(GenerateConfig {
+        max_tokens: s.max_tokens,
+        sampling,
+        stop_strings: s.stop.clone(),
+        stop_at_eos: !s.ignore_eos,
+        ..Default::default()
+    })
+}
+
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let cfg = gen_config(&a.sampling)?;
+    let (model, lane) = load(&a.model, a.json)?;
+    let tok = model.tokenizer.as_ref().context("this model has no tokenizer")?;
+    let text = if a.raw || tok.template == ChatTemplate::Raw {
+        a.prompt.clone()
+    } else {
+        let mut msgs = vec![];
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &a.prompt));
+        tok.template.render(&msgs, true)
+    };
+    let ids = tok.encode(&text).map_err(anyhow::Error::msg)?;
+    let json = a.json;
+    let mut stdout = std::io::stdout();
+    let out = generate(&model, &lane, &ids, &cfg, |piece| {
+        if !json {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        true
+    })?;
+    if json {
+        let j = serde_json::json!({
+            "model": model.path.display().to_string(),
+            "text": out.text,
+            "tokens": out.tokens,
+            "prompt_tokens": out.prompt_tokens,
+            "generated_tokens": out.generated_tokens,
+            "forward_passes": out.forward_passes,
+            "stop_reason": out.stop_reason,
+            "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s, "decode_s": out.decode_s},
+        });
+        println!("{j}");
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens in {:.3}s ({:.1} tok/s); {} generated in {:.3}s ({:.1} tok/s); stop: {:?}]",
+            out.prompt_tokens,
+            out.prefill_s,
+            out.prompt_tokens as f64 / out.prefill_s.max(1e-9),
+            out.generated_tokens,
+            out.decode_s,
+            out.generated_tokens as f64 / out.decode_s.max(1e-9),
+            out.stop_reason
+        );
+    }
+    write_trace(&a.model, &model)
+}
+
+fn run_chat(a: ChatArgs) -> Result<()> {
+    let cfg = gen_config(&a.sampling)?;
+    let (model, lane) = load(&a.model, false)?;
+    let tok = model.tokenizer.as_ref().context("this model has no tokenizer")?;
+    let mut history: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
+    eprintln!("chatting with {} — /reset clears the conversation, /exit quits", model.path.display());
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        if stdin.read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history.retain(|m| m.role == "system");
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(Message::new("user", line));
+        let ids = tok.encode(&tok.template.render(&history, true)).map_err(anyhow::Error::msg)?;
+        let mut stdout = std::io::stdout();
+        let out = generate(&model, &lane, &ids, &cfg, |p| {
+            let _ = stdout.write_all(p.as_bytes());
+            let _ = stdout.flush();
+            true
+        });
+        println!();
+        match out {
+            Ok(o) => history.push(Message::new("assistant", o.text.trim())),
+            Err(e) => {
+                eprintln!("error: {e}");
+                history.pop();
+            }
+        }
+    }
+    write_trace(&a.model, &model)
+}
+
+fn run_info(model: &str, json: bool) -> Result<()> {
+    let path = models::resolve(model, json)?;
+    let m = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
+    let c = &m.config;
+    let total: u64 = m.tensor_types.iter().map(|t| t.2).sum();
+    if json {
+        let types: serde_json::Map<String, serde_json::Value> = m
+            .tensor_types
+            .iter()
+            .map(|(t, n, b)| (t.clone(), serde_json::json!({"tensors": n, "bytes": b})))
+            .collect();
+        let j = serde_json::json!({
+            "path": path.display().to_string(),
+            "format": format!("{:?}", m.format),
+            "architecture": c.arch.name(),
+            "parameters": c.param_count(),
+            "layers": c.n_layers, "d_model": c.d_model, "heads": c.n_heads, "kv_heads": c.n_kv_heads,
+            "head_dim": c.head_dim, "ffn": c.ffn, "vocab": c.vocab, "context": c.max_ctx,
+            "rope_theta": c.rope_theta, "rms_eps": c.rms_eps, "tied_embeddings": c.tied_embeddings,
+            "shift_logits": c.shift_logits, "mask_id": c.mask_id,
+            "tensor_types": types, "bytes": total, "bytes_per_token": m.bytes_per_token(),
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(());
+    }
+    println!("{}", path.display());
+    println!("  format        {:?}", m.format);
+    println!("  architecture  {}{}", c.arch.name(), if c.arch.is_diffusion() { " (diffusion LM)" } else { "" });
+    println!("  parameters    {:.1} M", c.param_count() as f64 / 1e6);
+    println!("  layers        {}  d_model {}  ffn {}", c.n_layers, c.d_model, c.ffn);
+    println!("  heads         {} ({} KV, head dim {})", c.n_heads, c.n_kv_heads, c.head_dim);
+    println!("  vocab         {}  context {}", c.vocab, c.max_ctx);
+    println!("  rope theta    {}  rms eps {:e}", c.rope_theta, c.rms_eps);
+    println!("  tied head     {}  shifted logits {}  mask id {:?}", c.tied_embeddings, c.shift_logits, c.mask_id);
+    println!("  tensors:");
+    for (t, n, b) in &m.tensor_types {
+        println!("    {t:<6} {n:>5} tensors {:>10.2} MiB", *b as f64 / (1 << 20) as f64);
+    }
+    println!("  total         {:.2} MiB; read per decoded token {:.2} MiB", total as f64 / (1 << 20) as f64, m.bytes_per_token() as f64 / (1 << 20) as f64);
+    Ok(())
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("LLADA_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Generate(a) => run_generate(a),
+        Cmd::Chat(a) => run_chat(a),
+        Cmd::Fetch { name, list } => {
+            if list || name.is_none() {
+                for a in models::ALIASES {
+                    println!("{:<10} {}  [{}]", a.name, a.description, a.package);
+                }
+                Ok(())
+            } else {
+                let name = name.unwrap_or_default();
+                models::alias(&name).and_then(|a| models::fetch(a, false)).map(|p| println!("{}", p.display()))
+            }
+        }
+        Cmd::Info { model, json } => run_info(&model, json),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
