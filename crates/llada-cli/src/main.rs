@@ -221,6 +221,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             "model": model.path.display().to_string(),
             "text": out.text,
             "tokens": out.tokens,
+            "prompt_ids": ids,
             "prompt_tokens": out.prompt_tokens,
             "generated_tokens": out.generated_tokens,
             "forward_passes": out.forward_passes,
