@@ -190,7 +190,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.no_matmul {
         pb.set_message("matmul");
         let mut types: Vec<GgmlType> = vec![];
-        for l in model.weights.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]).chain([&model.weights.lm_head]) {
+        for l in model.weights.layers.iter().flat_map(|l| l.linears()).chain([&model.weights.lm_head]) {
             let t = l.dtype();
             if QMatrix::supports(t) && !types.contains(&t) {
                 types.push(t);

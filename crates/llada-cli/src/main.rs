@@ -67,6 +67,9 @@ struct ModelArgs {
     /// Requantize all matrices at load: q8_0, q4_0, q4_1 or q4_k (useful for f16/bf16 checkpoints).
     #[arg(long)]
     quantize: Option<String>,
+    /// Dequantize all weights to f32 at load (reference precision: no 8-bit activations; slow).
+    #[arg(long, conflicts_with = "quantize")]
+    dequantize: bool,
     /// Write an operator trace (JSON Lines: op, shape, bytes, lane, start/end ns) to FILE.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
@@ -145,6 +148,7 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
     let opts = LoadOptions {
         quantize: parse_quant(&args.quantize)?,
         no_tokenizer: false,
+        dequantize: args.dequantize,
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));

@@ -18,12 +18,12 @@ fn run_json(args: &[&str]) -> serde_json::Value {
 }
 
 /// Greedy SmolLM2-135M-Instruct Q4_1 on "The capital of France is" gives the ids that the
-/// independent numpy forward pass (tests/reference/smollm2_ref.py) gives:
-/// " Paris.\n\nThe answer is: 2". The numpy reference's closest call is step 5
-/// (2988 at 14.622 vs 1797 at 14.402); we reproduce its side of it.
+/// independent numpy forward pass (tests/reference/smollm2_ref.py, f64 on dequantized weights)
+/// gives: " Paris.\n\nThe answer is: 2" — with `--dequantize` (f32 activations, as the
+/// reference). The reference's closest call is step 5: 2988 at 14.622 vs 1797 at 14.402.
 #[test]
 fn smollm2_greedy_matches_numpy_reference() {
-    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--json"]);
+    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--json", "--dequantize"]);
     let ids = |k: &str| -> Vec<u64> { j[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect() };
     assert_eq!(ids("prompt_ids"), vec![504, 3575, 282, 4649, 314]);
     assert_eq!(ids("tokens"), vec![7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34]);
@@ -34,6 +34,17 @@ fn smollm2_greedy_matches_numpy_reference() {
     for k in ["total_s", "prefill_s", "decode_s"] {
         assert!(j["timings"][k].as_f64().unwrap() > 0.0);
     }
+}
+
+/// The fast path multiplies against 8-bit activations (as llama.cpp does), which moves logits by
+/// ~1%: the first five ids must agree with the reference, and at step 5 it may take either side
+/// of the 14.622 / 14.402 near-tie (llama.cpp with 8-bit activations takes 1797, " United").
+#[test]
+fn smollm2_quantized_path_agrees_up_to_the_near_tie() {
+    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "6", "--json"]);
+    let ids: Vec<u64> = j["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(&ids[..5], &[7042, 30, 198, 198, 504]);
+    assert!(ids[5] == 2988 || ids[5] == 1797, "step 5 took {}, outside the near-tie pair", ids[5]);
 }
 
 #[test]
@@ -50,7 +61,7 @@ fn chat_template_and_sampling_are_reproducible() {
 
 #[test]
 fn stop_string_cuts_the_text() {
-    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--stop", "answer", "--json"]);
+    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--stop", "answer", "--json", "--dequantize"]);
     assert_eq!(j["text"], " Paris.\n\nThe ");
     assert_eq!(j["stop_reason"], "stop_string");
 }

@@ -179,6 +179,11 @@ impl<'a> Reader<'a> {
                 }
                 let et = self.u32(&what)?;
                 let n = self.u64(&what)?;
+                // No real metadata array comes near MAX_COUNT elements; a larger count (even one a
+                // huge sparse file could back) would only make us allocate without bound.
+                if n > MAX_COUNT {
+                    return Err(FormatError::corrupt(self.path, format!("array '{key}' claims an absurd {n} elements")));
+                }
                 // Every element takes at least one byte: a count beyond the bytes left is corrupt.
                 let left = (self.buf.len() - self.pos) as u64;
                 if n > left {
@@ -189,7 +194,7 @@ impl<'a> Reader<'a> {
                         len: self.buf.len() as u64,
                     });
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                let mut v = Vec::with_capacity(n.min(4096) as usize);
                 for _ in 0..n {
                     v.push(self.value(et, key, depth + 1)?);
                 }

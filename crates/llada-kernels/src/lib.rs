@@ -15,7 +15,7 @@ pub mod dequant;
 pub mod qmatmul;
 pub mod types;
 
-pub use qmatmul::{matmul_f32, ByteOwner, QMatrix, QMatrixError, QuantizedActs};
+pub use qmatmul::{matmul_f32, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs};
 pub use types::GgmlType;
 
 /// Number of worker threads the kernels use (rayon's global pool).

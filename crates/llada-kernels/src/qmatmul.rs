@@ -1,37 +1,66 @@
-//! Batched quantized matmul: `Y[M×N] = X[M×K] · W[N×K]ᵀ` with `W` in a GGML block format.
+//! Batched quantized matmul: `Y[M×N] = X[M×K] · W[N×K]ᵀ` with `W` quantized.
 //!
-//! Scheme (the same arithmetic as llama.cpp's CPU backend, different blocking):
-//! 1. the activations `X` are quantized once per call to 8-bit blocks of 32 ([`QuantizedActs`]:
-//!    an f32 scale `d`, 32 int8 values and `s = d·Σq` per block);
-//! 2. every weight format is viewed as 32-element sub-blocks `w = scale·q + offset` with `q` 4- or
-//!    8-bit integers, so one sub-block dot product is
-//!    `scale·d·Σ(q·qx) + offset·s` — an integer dot product plus two scalar terms;
-//! 3. register tiles of `NR` weight rows × `MR` activation rows are computed together, so every
-//!    weight block that is loaded and unpacked serves `MR` activation rows; this is what makes the
-//!    kernel scale with M (candle's does not);
-//! 4. the N dimension is split across rayon's worker threads.
+//! Scheme (llama.cpp's arithmetic, our own layout and blocking):
+//! 1. At load, weights are **repacked** from GGML's array-of-blocks into a per-row
+//!    structure-of-arrays: the 4- or 8-bit values of the whole row, then the block scales (and
+//!    offsets) as contiguous arrays. Scales of 8 blocks then convert/load with one instruction
+//!    and the offset term of 8 blocks is one FMA. Q4_0, Q4_1 and Q4_K all become "4-bit values
+//!    `w = d·q + m` per 32-element block" (Q4_K's per-sub-block scale and min are exact in f32);
+//!    Q8_0 keeps signed 8-bit values with f16 scales. Repacking keeps the bytes per block.
+//! 2. The activations are quantized once per call to 8-bit blocks of 32 ([`QuantizedActs`]),
+//!    in the byte order the weight layout wants (4-bit kernels process two blocks per 256-bit
+//!    register: low nibbles hold elements 0–15 of both blocks, high nibbles 16–31).
+//! 3. Register tiles of `NR` weight rows × `MR` activation rows: each weight block that is
+//!    loaded and unpacked serves `MR` activation rows — this is what makes the kernel scale with M
+//!    (candle-core 0.11's quantized matmul does not: ≈ 20 GFLOP/s at every M on our 2-core
+//!    machine, where llama.cpp reaches ≈ 98 at M = 32).
+//! 4. The N dimension is split across the current rayon pool (the lane's threads).
 //!
-//! On x86-64 with AVX2+FMA+F16C the tile kernel uses `_mm256_maddubs_epi16`; elsewhere a portable
-//! scalar path computes the same sums (NEON is not written yet).
+//! x86-64 with AVX2+FMA+F16C uses `_mm256_maddubs_epi16`; elsewhere a portable scalar path
+//! computes the same sums from the same layout (NEON is not written yet).
 
-use crate::dequant::q4k_scale_min;
+use crate::dequant::{dequantize, q4k_scale_min};
 use crate::types::GgmlType;
 use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// Owner of the bytes behind a [`QMatrix`] (an mmapped file, or a `Vec`).
+/// Owner of the bytes behind a stored tensor (an mmapped file, or a `Vec`).
 pub type ByteOwner = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
-/// A weight matrix `[rows × cols]` (row-major: `rows` outputs, `cols` inputs) in a quantized
-/// GGML block format. Rows are whole blocks.
+/// Packed kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// 4-bit values, f16 scale, offset −8·d (Q4_0).
+    Q4D16,
+    /// 4-bit values, f16 scale and f16 offset (Q4_1).
+    Q4DM16,
+    /// 4-bit values, f32 scale and f32 offset (Q4_K sub-blocks).
+    Q4DM32,
+    /// Signed 8-bit values, f16 scale (Q8_0).
+    Q8D16,
+}
+
+impl Kind {
+    fn is_q4(self) -> bool {
+        self != Kind::Q8D16
+    }
+}
+
+/// A weight matrix `[rows × cols]` (`rows` outputs, `cols` inputs), repacked for the kernels.
 #[derive(Clone)]
 pub struct QMatrix {
     ty: GgmlType,
+    kind: Kind,
     rows: usize,
     cols: usize,
-    owner: ByteOwner,
-    offset: usize,
+    /// Blocks of 32 per row.
+    nb: usize,
+    /// `nb` rounded up to 8 (scale arrays are padded to whole groups of 8 blocks).
+    nbp: usize,
+    /// Bytes of one packed row.
+    stride: usize,
+    data: Arc<Vec<u8>>,
 }
 
 /// Errors building a [`QMatrix`].
@@ -55,51 +84,98 @@ pub enum QMatrixError {
     },
 }
 
+#[inline]
+fn h2f(b: &[u8], o: usize) -> f32 {
+    f16::from_le_bytes([b[o], b[o + 1]]).to_f32()
+}
+
 impl QMatrix {
     /// Types with a kernel.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(
-            ty,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K
-        )
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K)
     }
 
-    /// Wrap `owner[offset..]` as a `rows × cols` matrix of type `ty`.
-    pub fn new(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        owner: ByteOwner,
-        offset: usize,
-    ) -> Result<Self, QMatrixError> {
+    /// Repack `owner[offset..]`, a `rows × cols` matrix of type `ty` in GGML layout.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, owner: ByteOwner, offset: usize) -> Result<Self, QMatrixError> {
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
         if cols % ty.block_elems() != 0 || cols == 0 {
-            return Err(QMatrixError::BadCols {
-                ty,
-                block: ty.block_elems(),
-                cols,
-            });
+            return Err(QMatrixError::BadCols { ty, block: ty.block_elems(), cols });
         }
-        let expected = rows * cols / ty.block_elems() * ty.block_bytes();
-        let have = (*owner).as_ref().len().saturating_sub(offset);
+        let src_row = cols / ty.block_elems() * ty.block_bytes();
+        let expected = rows * src_row;
+        let all: &[u8] = (*owner).as_ref();
+        let have = all.len().saturating_sub(offset);
         if have < expected {
-            return Err(QMatrixError::BadLength {
-                ty,
-                rows,
-                cols,
-                expected,
-                have,
-            });
+            return Err(QMatrixError::BadLength { ty, rows, cols, expected, have });
         }
-        Ok(Self {
-            ty,
-            rows,
-            cols,
-            owner,
-            offset,
-        })
+        let src = &all[offset..offset + expected];
+        let kind = match ty {
+            GgmlType::Q4_0 => Kind::Q4D16,
+            GgmlType::Q4_1 => Kind::Q4DM16,
+            GgmlType::Q4K => Kind::Q4DM32,
+            _ => Kind::Q8D16,
+        };
+        let nb = cols / 32;
+        let nbp = nb.next_multiple_of(8);
+        let nbe = nb.next_multiple_of(2);
+        let stride = match kind {
+            Kind::Q4D16 => nbe * 16 + nbp * 2,
+            Kind::Q4DM16 => nbe * 16 + nbp * 4,
+            Kind::Q4DM32 => nbe * 16 + nbp * 8,
+            Kind::Q8D16 => nb * 32 + nbp * 2,
+        }
+        .next_multiple_of(32);
+        let mut data = vec![0u8; rows * stride];
+        for (r, dst) in data.chunks_exact_mut(stride).enumerate() {
+            let s = &src[r * src_row..(r + 1) * src_row];
+            match kind {
+                Kind::Q4D16 | Kind::Q4DM16 => {
+                    let bb = ty.block_bytes();
+                    let qo = bb - 16;
+                    let (qs, rest) = dst.split_at_mut(nbe * 16);
+                    for b in 0..nb {
+                        let blk = &s[b * bb..(b + 1) * bb];
+                        qs[b * 16..b * 16 + 16].copy_from_slice(&blk[qo..]);
+                        rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
+                        if kind == Kind::Q4DM16 {
+                            rest[nbp * 2 + 2 * b..nbp * 2 + 2 * b + 2].copy_from_slice(&blk[2..4]);
+                        }
+                    }
+                }
+                Kind::Q4DM32 => {
+                    let (qs, rest) = dst.split_at_mut(nbe * 16);
+                    for sb in 0..nb / 8 {
+                        let blk = &s[sb * 144..(sb + 1) * 144];
+                        let (d, dmin) = (h2f(blk, 0), h2f(blk, 2));
+                        for j in 0..8 {
+                            let b = sb * 8 + j;
+                            let (sc, mn) = q4k_scale_min(j, &blk[4..16]);
+                            let q = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+                            let shift = 4 * (j % 2);
+                            for l in 0..16 {
+                                let lo = (q[l] >> shift) & 0xF;
+                                let hi = (q[l + 16] >> shift) & 0xF;
+                                qs[b * 16 + l] = lo | (hi << 4);
+                            }
+                            rest[4 * b..4 * b + 4].copy_from_slice(&(d * sc as f32).to_le_bytes());
+                            let m = -(dmin * mn as f32);
+                            rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4].copy_from_slice(&m.to_le_bytes());
+                        }
+                    }
+                }
+                Kind::Q8D16 => {
+                    let (qs, rest) = dst.split_at_mut(nb * 32);
+                    for b in 0..nb {
+                        let blk = &s[b * 34..(b + 1) * 34];
+                        qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
+                        rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
+                    }
+                }
+            }
+        }
+        Ok(Self { ty, kind, rows, cols, nb, nbp, stride, data: Arc::new(data) })
     }
 
     /// Quantize a dense row-major `rows × cols` f32 matrix.
@@ -109,16 +185,31 @@ impl QMatrix {
             return Err(QMatrixError::UnsupportedType(ty));
         }
         if cols % ty.block_elems() != 0 {
-            return Err(QMatrixError::BadCols {
-                ty,
-                block: ty.block_elems(),
-                cols,
-            });
+            return Err(QMatrixError::BadCols { ty, block: ty.block_elems(), cols });
         }
         let bytes = crate::dequant::quantize(ty, w).ok_or(QMatrixError::UnsupportedType(ty))?;
         Self::new(ty, rows, cols, Arc::new(bytes), 0)
     }
 
+    /// Stack matrices with the same type and width into one (rows appended in order), so that
+    /// projections reading the same input (q/k/v, gate/up) run as one kernel call.
+    pub fn concat_rows(parts: &[&QMatrix]) -> Option<QMatrix> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.kind != first.kind || p.cols != first.cols || p.stride != first.stride) {
+            return None;
+        }
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        for p in parts {
+            data.extend_from_slice(&p.data);
+        }
+        Some(QMatrix {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            data: Arc::new(data),
+            ..(*first).clone()
+        })
+    }
+
+    /// The stored (GGUF) type.
     pub fn ty(&self) -> GgmlType {
         self.ty
     }
@@ -128,67 +219,109 @@ impl QMatrix {
     pub fn cols(&self) -> usize {
         self.cols
     }
-    /// Bytes of one row.
-    pub fn row_bytes(&self) -> usize {
-        self.cols / self.ty.block_elems() * self.ty.block_bytes()
+    /// Bytes the kernel reads per application (the packed matrix).
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len()
     }
-    /// All bytes of the matrix.
-    pub fn bytes(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.offset..self.offset + self.rows * self.row_bytes()]
+    fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.stride..(r + 1) * self.stride]
     }
-    /// Bytes of row `r`.
-    pub fn row(&self, r: usize) -> &[u8] {
-        let rb = self.row_bytes();
-        &self.bytes()[r * rb..(r + 1) * rb]
+
+    /// (scale, offset) of block `b` of a packed row, and its integer values.
+    fn block(&self, row: &[u8], b: usize, q: &mut [i32; 32]) -> (f32, f32) {
+        let nbe = self.nb.next_multiple_of(2);
+        match self.kind {
+            Kind::Q8D16 => {
+                for (l, v) in q.iter_mut().enumerate() {
+                    *v = row[b * 32 + l] as i8 as i32;
+                }
+                (h2f(row, self.nb * 32 + 2 * b), 0.0)
+            }
+            k => {
+                for l in 0..16 {
+                    q[l] = (row[b * 16 + l] & 0xF) as i32;
+                    q[l + 16] = (row[b * 16 + l] >> 4) as i32;
+                }
+                let o = nbe * 16;
+                match k {
+                    Kind::Q4D16 => {
+                        let d = h2f(row, o + 2 * b);
+                        (d, -8.0 * d)
+                    }
+                    Kind::Q4DM16 => (h2f(row, o + 2 * b), h2f(row, o + 2 * self.nbp + 2 * b)),
+                    _ => {
+                        let f = |p: usize| f32::from_le_bytes([row[p], row[p + 1], row[p + 2], row[p + 3]]);
+                        (f(o + 4 * b), f(o + 4 * self.nbp + 4 * b))
+                    }
+                }
+            }
+        }
     }
+
     /// Dequantize row `r` into `out` (length `cols`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        crate::dequant::dequantize(self.ty, self.row(r), out)
+        let row = self.row(r);
+        let mut q = [0i32; 32];
+        for b in 0..self.nb {
+            let (d, m) = self.block(row, b, &mut q);
+            for l in 0..32 {
+                out[b * 32 + l] = d * q[l] as f32 + m;
+            }
+        }
+    }
+
+    /// The activation layout this matrix's kernel reads.
+    pub fn act_layout(&self) -> ActLayout {
+        if self.kind.is_q4() {
+            ActLayout::Paired
+        } else {
+            ActLayout::Plain
+        }
     }
 
     /// `out[M×rows] = x[M×cols] · selfᵀ`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let acts = QuantizedActs::quantize(x, m, self.cols);
+        let acts = QuantizedActs::quantize(x, m, self.cols, self.act_layout());
         self.matmul_q(&acts, out)
     }
 
-    /// Same as [`QMatrix::matmul`] with activations already quantized (reuse them across the
-    /// matrices that read the same input, e.g. q/k/v or gate/up).
+    /// Same as [`QMatrix::matmul`] with activations already quantized (share them across the
+    /// matrices that read the same input and want the same layout).
     pub fn matmul_q(&self, x: &QuantizedActs, out: &mut [f32]) {
         assert_eq!(x.k, self.cols, "matmul: inner dimensions differ");
+        assert_eq!(x.layout, self.act_layout(), "matmul: activation layout mismatch");
         assert_eq!(out.len(), x.m * self.rows, "matmul: output has the wrong size");
         let n = self.rows;
         let threads = rayon::current_num_threads().max(1);
-        // Enough chunks to balance two to a few threads, each a whole number of row pairs.
-        let chunk = (n.div_ceil(threads * 4)).next_multiple_of(8).max(8);
-        let out_ptr = SendPtr(out.as_mut_ptr());
         let work = x.m * n * self.cols;
+        // Few tasks per thread for load balance; each a whole number of 4-row tiles.
+        let chunk = n.div_ceil(threads * 3).next_multiple_of(4).max(4);
+        let out_ptr = SendPtr(out.as_mut_ptr());
         let run = |c0: usize| {
             let c1 = (c0 + chunk).min(n);
             // SAFETY: chunks write disjoint column ranges [c0, c1) of `out`.
-            unsafe { self.tile_range(x, c0, c1, out_ptr) };
+            unsafe { self.range(x, c0, c1, out_ptr) };
         };
-        if threads == 1 || work < 1 << 16 {
-            (0..n).step_by(chunk).for_each(run);
+        if threads == 1 || work < 1 << 15 {
+            run_serial(n, chunk, run);
         } else {
-            (0..n).into_par_iter().step_by(chunk).for_each(run);
+            (0..n.div_ceil(chunk)).into_par_iter().for_each(|i| run(i * chunk));
         }
     }
 
-    /// Compute output columns `[n0, n1)` for all activation rows.
+    /// Output columns `[n0, n1)` for all activation rows.
     ///
     /// # Safety
-    /// `out` points to an `x.m × self.rows` buffer and no other thread writes columns `[n0, n1)`.
-    unsafe fn tile_range(&self, x: &QuantizedActs, n0: usize, n1: usize, out: SendPtr) {
+    /// `out` points to an `x.m × self.rows` buffer; no other thread writes columns `[n0, n1)`.
+    unsafe fn range(&self, x: &QuantizedActs, n0: usize, n1: usize, out: SendPtr) {
         #[cfg(target_arch = "x86_64")]
         {
             if simd::available() {
-                match self.ty {
-                    GgmlType::Q4_0 => simd::range::<0>(self, x, n0, n1, out.0),
-                    GgmlType::Q4_1 => simd::range::<1>(self, x, n0, n1, out.0),
-                    GgmlType::Q8_0 => simd::range::<2>(self, x, n0, n1, out.0),
-                    GgmlType::Q4K => simd::range::<3>(self, x, n0, n1, out.0),
-                    _ => unreachable!("QMatrix::new rejects types without a kernel"),
+                match self.kind {
+                    Kind::Q4D16 => simd::range4::<0>(self, x, n0, n1, out.0),
+                    Kind::Q4DM16 => simd::range4::<1>(self, x, n0, n1, out.0),
+                    Kind::Q4DM32 => simd::range4::<2>(self, x, n0, n1, out.0),
+                    Kind::Q8D16 => simd::range8(self, x, n0, n1, out.0),
                 }
                 return;
             }
@@ -197,234 +330,121 @@ impl QMatrix {
     }
 }
 
+fn run_serial(n: usize, chunk: usize, run: impl Fn(usize)) {
+    (0..n).step_by(chunk).for_each(run)
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// Activations quantized to 8-bit blocks of 32: for row `i`, block `b`:
-/// `x[i, 32b + l] ≈ d[i, b] · qs[i, 32b + l]`, and `s[i, b] = d[i, b] · Σ_l qs[i, 32b + l]`.
+/// Byte order of quantized activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActLayout {
+    /// Blocks in order, 32 values each (8-bit weights).
+    Plain,
+    /// Pairs of blocks (A, B) stored as `A0..15 B0..15 A16..31 B16..31` (4-bit weights); an odd
+    /// last block is paired with a zero block.
+    Paired,
+}
+
+/// Activations quantized to 8-bit blocks of 32: `x[i, 32b + l] ≈ d[i, b] · q[i, 32b + l]`.
+/// Per row, `d` and `s = d·Σq` are padded with zeros to a multiple of 8 blocks.
 pub struct QuantizedActs {
     pub m: usize,
     pub k: usize,
+    pub layout: ActLayout,
+    /// Bytes of `qs` per row.
+    pub qstride: usize,
+    /// Blocks per row of `d` / `s` (padded).
+    pub nbp: usize,
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
-    /// `s / 8`, so SIMD kernels can spread the offset term over 8 lanes.
-    pub s8: Vec<f32>,
 }
 
 impl QuantizedActs {
     /// Quantize a row-major `m × k` matrix (`k` a multiple of 32).
-    pub fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+    pub fn quantize(x: &[f32], m: usize, k: usize, layout: ActLayout) -> Self {
         assert_eq!(x.len(), m * k);
         assert!(k % 32 == 0, "activation width must be a multiple of 32");
         let nb = k / 32;
-        let mut qs = vec![0i8; m * k];
-        let mut d = vec![0f32; m * nb];
-        let mut s = vec![0f32; m * nb];
-        for (bi, (xb, qb)) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let dd = amax / 127.0;
-            let id = if dd > 0.0 { 1.0 / dd } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, v) in qb.iter_mut().zip(xb) {
-                let qi = (v * id).round() as i32;
-                *q = qi as i8;
-                sum += qi;
+        let nbp = nb.next_multiple_of(8);
+        let qstride = match layout {
+            ActLayout::Plain => k,
+            ActLayout::Paired => nb.next_multiple_of(2) * 32,
+        };
+        let mut qs = vec![0i8; m * qstride];
+        let mut d = vec![0f32; m * nbp];
+        let mut s = vec![0f32; m * nbp];
+        let mut tmp = [0i8; 32];
+        for i in 0..m {
+            for b in 0..nb {
+                let xb = &x[i * k + b * 32..i * k + b * 32 + 32];
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let dd = amax / 127.0;
+                let id = if dd > 0.0 { 1.0 / dd } else { 0.0 };
+                let mut sum = 0i32;
+                for (q, v) in tmp.iter_mut().zip(xb) {
+                    let qi = (v * id).round() as i32;
+                    *q = qi as i8;
+                    sum += qi;
+                }
+                d[i * nbp + b] = dd;
+                s[i * nbp + b] = dd * sum as f32;
+                let row = &mut qs[i * qstride..(i + 1) * qstride];
+                match layout {
+                    ActLayout::Plain => row[b * 32..b * 32 + 32].copy_from_slice(&tmp),
+                    ActLayout::Paired => {
+                        let base = (b / 2) * 64 + (b % 2) * 16;
+                        row[base..base + 16].copy_from_slice(&tmp[..16]);
+                        row[base + 32..base + 48].copy_from_slice(&tmp[16..]);
+                    }
+                }
             }
-            d[bi] = dd;
-            s[bi] = dd * sum as f32;
         }
-        let s8 = s.iter().map(|v| v * 0.125).collect();
-        Self { m, k, qs, d, s, s8 }
+        Self { m, k, layout, qstride, nbp, qs, d, s }
+    }
+
+    /// Value `l` (0..32) of block `b` of row `i`.
+    fn q(&self, i: usize, b: usize, l: usize) -> i32 {
+        let row = &self.qs[i * self.qstride..];
+        (match self.layout {
+            ActLayout::Plain => row[b * 32 + l],
+            ActLayout::Paired => row[(b / 2) * 64 + (b % 2) * 16 + (l / 16) * 32 + l % 16],
+        }) as i32
     }
 }
 
-/// Scale and offset of 32-element sub-block `b` of a weight row, and its integer values.
-#[inline(always)]
-fn f16_at(b: &[u8], o: usize) -> f32 {
-    f16::from_le_bytes([b[o], b[o + 1]]).to_f32()
-}
-
-/// Portable path: decode each weight sub-block to integers and use the same integer dot product.
+/// Portable path: the same integer sums, one block at a time.
 unsafe fn portable_range(w: &QMatrix, x: &QuantizedActs, n0: usize, n1: usize, out: *mut f32) {
-    let nb = w.cols / 32;
     let mut q = [0i32; 32];
     for n in n0..n1 {
         let row = w.row(n);
         for i in 0..x.m {
             let mut acc = 0f32;
-            for b in 0..nb {
-                let (scale, offset) = decode_portable(w.ty, row, b, &mut q);
-                let xq = &x.qs[i * w.cols + 32 * b..i * w.cols + 32 * b + 32];
-                let dot: i32 = q.iter().zip(xq).map(|(a, &c)| a * c as i32).sum();
-                acc += scale * x.d[i * nb + b] * dot as f32 + offset * x.s[i * nb + b];
+            for b in 0..w.nb {
+                let (scale, offset) = w.block(row, b, &mut q);
+                let dot: i32 = (0..32).map(|l| q[l] * x.q(i, b, l)).sum();
+                acc += scale * x.d[i * x.nbp + b] * dot as f32 + offset * x.s[i * x.nbp + b];
             }
             *out.add(i * w.rows + n) = acc;
         }
     }
 }
 
-fn decode_portable(ty: GgmlType, row: &[u8], b: usize, q: &mut [i32; 32]) -> (f32, f32) {
-    match ty {
-        GgmlType::Q4_0 => {
-            let blk = &row[18 * b..18 * b + 18];
-            for j in 0..16 {
-                q[j] = (blk[2 + j] & 0xF) as i32;
-                q[j + 16] = (blk[2 + j] >> 4) as i32;
-            }
-            let d = f16_at(blk, 0);
-            (d, -8.0 * d)
-        }
-        GgmlType::Q4_1 => {
-            let blk = &row[20 * b..20 * b + 20];
-            for j in 0..16 {
-                q[j] = (blk[4 + j] & 0xF) as i32;
-                q[j + 16] = (blk[4 + j] >> 4) as i32;
-            }
-            (f16_at(blk, 0), f16_at(blk, 2))
-        }
-        GgmlType::Q8_0 => {
-            let blk = &row[34 * b..34 * b + 34];
-            for j in 0..32 {
-                q[j] = blk[2 + j] as i8 as i32;
-            }
-            (f16_at(blk, 0), 0.0)
-        }
-        GgmlType::Q4K => {
-            let (sb, j) = (b / 8, b % 8);
-            let blk = &row[144 * sb..144 * sb + 144];
-            let (sc, mn) = q4k_scale_min(j, &blk[4..16]);
-            let qs = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
-            let shift = 4 * (j % 2);
-            for l in 0..32 {
-                q[l] = ((qs[l] >> shift) & 0xF) as i32;
-            }
-            (f16_at(blk, 0) * sc as f32, -f16_at(blk, 2) * mn as f32)
-        }
-        _ => unreachable!(),
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{q4k_scale_min, QMatrix, QuantizedActs};
+    use super::{QMatrix, QuantizedActs};
     use std::arch::x86_64::*;
 
     pub fn available() -> bool {
         use std::sync::OnceLock;
         static OK: OnceLock<bool> = OnceLock::new();
         *OK.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
         })
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn h2f(p: *const u8) -> f32 {
-        let h = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack16(p: *const u8) -> __m256i {
-        let q = _mm_loadu_si128(p as *const __m128i);
-        let m4 = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, m4);
-        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-        _mm256_set_m128i(hi, lo)
-    }
-
-    /// Weight sub-block `b` of `row` as (32 values, scale, offset, signed?).
-    /// T: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = Q4_K.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode<const T: u8>(row: *const u8, b: usize) -> (__m256i, f32, f32) {
-        match T {
-            0 => {
-                let p = row.add(18 * b);
-                let d = h2f(p);
-                (unpack16(p.add(2)), d, -8.0 * d)
-            }
-            1 => {
-                let p = row.add(20 * b);
-                (unpack16(p.add(4)), h2f(p), h2f(p.add(2)))
-            }
-            2 => {
-                let p = row.add(34 * b);
-                (_mm256_loadu_si256(p.add(2) as *const __m256i), h2f(p), 0.0)
-            }
-            _ => {
-                let (sb, j) = (b / 8, b % 8);
-                let p = row.add(144 * sb);
-                let scales = std::slice::from_raw_parts(p.add(4), 12);
-                let (sc, mn) = q4k_scale_min(j, scales);
-                let q = _mm256_loadu_si256(p.add(16 + 32 * (j / 2)) as *const __m256i);
-                let q = if j % 2 == 0 { q } else { _mm256_srli_epi16(q, 4) };
-                let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-                (q, h2f(p) * sc as f32, -h2f(p.add(2)) * mn as f32)
-            }
-        }
-    }
-
-    /// One `NR × MR` tile: weight rows `n..n+NR`, activation rows `i..i+MR`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const T: u8, const NR: usize, const MR: usize>(
-        w: &QMatrix,
-        x: &QuantizedActs,
-        n: usize,
-        i: usize,
-        out: *mut f32,
-    ) {
-        let k = w.cols;
-        let nb = k / 32;
-        let rb = w.row_bytes();
-        let base = w.bytes().as_ptr();
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); MR]; NR];
-        let xq = x.qs.as_ptr();
-        for b in 0..nb {
-            let mut wv = [_mm256_setzero_si256(); NR];
-            let mut wa = [_mm256_setzero_si256(); NR];
-            let mut ws = [_mm256_setzero_ps(); NR];
-            let mut wo = [_mm256_setzero_ps(); NR];
-            for r in 0..NR {
-                let (v, s, o) = decode::<T>(base.add((n + r) * rb), b);
-                wv[r] = v;
-                wa[r] = if T == 2 { _mm256_sign_epi8(v, v) } else { v };
-                ws[r] = _mm256_set1_ps(s);
-                wo[r] = _mm256_set1_ps(o);
-            }
-            for c in 0..MR {
-                let row = i + c;
-                let xv = _mm256_loadu_si256(xq.add(row * k + 32 * b) as *const __m256i);
-                let dx = _mm256_set1_ps(*x.d.get_unchecked(row * nb + b));
-                // s/8 in every lane: the horizontal sum of the 8 lanes adds `offset · s` once.
-                let sx = _mm256_set1_ps(*x.s8.get_unchecked(row * nb + b));
-                for r in 0..NR {
-                    let xs = if T == 2 { _mm256_sign_epi8(xv, wv[r]) } else { xv };
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], xs), ones);
-                    acc[r][c] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(dot),
-                        _mm256_mul_ps(ws[r], dx),
-                        acc[r][c],
-                    );
-                    if T != 2 {
-                        acc[r][c] = _mm256_fmadd_ps(wo[r], sx, acc[r][c]);
-                    }
-                }
-            }
-        }
-        for r in 0..NR {
-            for c in 0..MR {
-                *out.add((i + c) * w.rows + n + r) = hsum(acc[r][c]);
-            }
-        }
     }
 
     #[inline]
@@ -436,52 +456,173 @@ mod simd {
         _mm_cvtss_f32(s)
     }
 
+    /// Load 8 scales (f16 or f32) starting at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8, f32_scales: bool) -> __m256 {
+        if f32_scales {
+            _mm256_loadu_ps(p as *const f32)
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+    }
+
+    /// 4-bit tile. T: 0 = f16 d with offset −8d; 1 = f16 d, m; 2 = f32 d, m.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(w: &QMatrix, x: &QuantizedActs, n: usize, i: usize, out: *mut f32) {
+        let nbe = w.nb.next_multiple_of(2);
+        let sb = if T == 2 { 4 } else { 2 };
+        let base = w.data.as_ptr().add(n * w.stride);
+        let ones = _mm256_set1_epi16(1);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); MR]; NR];
+        for g in 0..w.nbp / 8 {
+            // Offset term of 8 blocks: one FMA per (row, activation row).
+            let mut dv = [_mm256_setzero_ps(); NR];
+            for r in 0..NR {
+                let row = base.add(r * w.stride);
+                dv[r] = load8(row.add(nbe * 16 + g * 8 * sb), T == 2);
+                let mv = if T == 0 {
+                    _mm256_mul_ps(dv[r], _mm256_set1_ps(-8.0))
+                } else {
+                    load8(row.add(nbe * 16 + w.nbp * sb + g * 8 * sb), T == 2)
+                };
+                for c in 0..MR {
+                    let sx = _mm256_loadu_ps(x.s.as_ptr().add((i + c) * x.nbp + g * 8));
+                    acc[r][c] = _mm256_fmadd_ps(mv, sx, acc[r][c]);
+                }
+            }
+            let mut dx = [_mm256_setzero_ps(); MR];
+            for c in 0..MR {
+                dx[c] = _mm256_loadu_ps(x.d.as_ptr().add((i + c) * x.nbp + g * 8));
+            }
+            for p in 0..4 {
+                let b = g * 8 + 2 * p;
+                if b >= nbe {
+                    break;
+                }
+                // Lanes 0-3 take block b's scale, lanes 4-7 block b+1's.
+                let idx = _mm256_setr_epi32(2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1);
+                for r in 0..NR {
+                    let qv = _mm256_loadu_si256(base.add(r * w.stride + b * 16) as *const __m256i);
+                    let lo = _mm256_and_si256(qv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+                    let sw = _mm256_permutevar8x32_ps(dv[r], idx);
+                    for c in 0..MR {
+                        let xp = x.qs.as_ptr().add((i + c) * x.qstride + b * 32);
+                        let xlo = _mm256_loadu_si256(xp as *const __m256i);
+                        let xhi = _mm256_loadu_si256(xp.add(32) as *const __m256i);
+                        let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+                        let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
+                        let sc = _mm256_mul_ps(sw, _mm256_permutevar8x32_ps(dx[c], idx));
+                        acc[r][c] = _mm256_fmadd_ps(f, sc, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for r in 0..NR {
+            for c in 0..MR {
+                *out.add((i + c) * w.rows + n + r) = hsum(acc[r][c]);
+            }
+        }
+    }
+
+    /// 8-bit tile (Q8_0): sign trick, one block at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile8<const NR: usize, const MR: usize>(w: &QMatrix, x: &QuantizedActs, n: usize, i: usize, out: *mut f32) {
+        let base = w.data.as_ptr().add(n * w.stride);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); MR]; NR];
+        for g in 0..w.nbp / 8 {
+            let mut dv = [_mm256_setzero_ps(); NR];
+            for r in 0..NR {
+                dv[r] = load8(base.add(r * w.stride + w.nb * 32 + g * 16), false);
+            }
+            for j in 0..8 {
+                let b = g * 8 + j;
+                if b >= w.nb {
+                    break;
+                }
+                let idx = _mm256_set1_epi32(j as i32);
+                for r in 0..NR {
+                    let wv = _mm256_loadu_si256(base.add(r * w.stride + b * 32) as *const __m256i);
+                    let aw = _mm256_sign_epi8(wv, wv);
+                    let sw = _mm256_permutevar8x32_ps(dv[r], idx);
+                    for c in 0..MR {
+                        let xv = _mm256_loadu_si256(x.qs.as_ptr().add((i + c) * x.qstride + b * 32) as *const __m256i);
+                        let xs = _mm256_sign_epi8(xv, wv);
+                        let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+                        let sc = _mm256_mul_ps(sw, _mm256_broadcast_ss(&*x.d.as_ptr().add((i + c) * x.nbp + b)));
+                        acc[r][c] = _mm256_fmadd_ps(f, sc, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for r in 0..NR {
+            for c in 0..MR {
+                *out.add((i + c) * w.rows + n + r) = hsum(acc[r][c]);
+            }
+        }
+    }
+
     /// Weight rows per cache block: a block of rows stays in L2 while all activation rows pass.
     const ROW_BLOCK: usize = 32;
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn range<const T: u8>(
-        w: &QMatrix,
-        x: &QuantizedActs,
-        n0: usize,
-        n1: usize,
-        out: *mut f32,
-    ) {
-        const NR: usize = 2;
-        const MR: usize = 4;
-        let mut nb0 = n0;
-        while nb0 < n1 {
-            let nb1 = (nb0 + ROW_BLOCK).min(n1);
-            let mut i = 0;
-            while i < x.m {
-                let mr = (x.m - i).min(MR);
-                let mut n = nb0;
-                while n + NR <= nb1 {
-                    match mr {
-                        4 => tile::<T, NR, 4>(w, x, n, i, out),
-                        3 => tile::<T, NR, 3>(w, x, n, i, out),
-                        2 => tile::<T, NR, 2>(w, x, n, i, out),
-                        _ => tile::<T, NR, 1>(w, x, n, i, out),
+    macro_rules! drive {
+        ($w:expr, $x:expr, $n0:expr, $n1:expr, $out:expr, $tile:ident $(::<$t:ident>)?) => {{
+            let (w, x, n0, n1, out) = ($w, $x, $n0, $n1, $out);
+            let mut nb0 = n0;
+            while nb0 < n1 {
+                let nb1 = (nb0 + ROW_BLOCK).min(n1);
+                let mut i = 0;
+                while i < x.m {
+                    let mr = (x.m - i).min(4);
+                    let mut n = nb0;
+                    if mr == 1 {
+                        while n + 4 <= nb1 {
+                            $tile::<$($t,)? 4, 1>(w, x, n, i, out);
+                            n += 4;
+                        }
+                    } else {
+                        while n + 2 <= nb1 {
+                            match mr {
+                                4 => $tile::<$($t,)? 2, 4>(w, x, n, i, out),
+                                3 => $tile::<$($t,)? 2, 3>(w, x, n, i, out),
+                                _ => $tile::<$($t,)? 2, 2>(w, x, n, i, out),
+                            }
+                            n += 2;
+                        }
                     }
-                    n += NR;
-                }
-                if n < nb1 {
-                    match mr {
-                        4 => tile::<T, 1, 4>(w, x, n, i, out),
-                        3 => tile::<T, 1, 3>(w, x, n, i, out),
-                        2 => tile::<T, 1, 2>(w, x, n, i, out),
-                        _ => tile::<T, 1, 1>(w, x, n, i, out),
+                    while n < nb1 {
+                        match mr {
+                            4 => $tile::<$($t,)? 1, 4>(w, x, n, i, out),
+                            3 => $tile::<$($t,)? 1, 3>(w, x, n, i, out),
+                            2 => $tile::<$($t,)? 1, 2>(w, x, n, i, out),
+                            _ => $tile::<$($t,)? 1, 1>(w, x, n, i, out),
+                        }
+                        n += 1;
                     }
+                    i += mr;
                 }
-                i += mr;
+                nb0 = nb1;
             }
-            nb0 = nb1;
-        }
+        }};
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn range4<const T: u8>(w: &QMatrix, x: &QuantizedActs, n0: usize, n1: usize, out: *mut f32) {
+        drive!(w, x, n0, n1, out, tile4::<T>)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn range8(w: &QMatrix, x: &QuantizedActs, n0: usize, n1: usize, out: *mut f32) {
+        drive!(w, x, n0, n1, out, tile8)
     }
 }
 
-/// Plain f32 matmul `out[M×N] = x[M×K] · w[N×K]ᵀ`, used for reference checks and small dense
-/// weights (large dense weights go through candle).
+/// Plain f32 matmul `out[M×N] = x[M×K] · w[N×K]ᵀ` (reference for tests).
 pub fn matmul_f32(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
@@ -495,6 +636,11 @@ pub fn matmul_f32(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut 
     }
 }
 
+/// Dequantize a GGML-layout row (re-exported for callers that hold raw bytes).
+pub fn dequantize_raw(ty: GgmlType, src: &[u8], out: &mut [f32]) {
+    dequantize(ty, src, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,11 +650,17 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
         let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let q = QMatrix::quantize(ty, n, k, &w).unwrap();
-        // Reference: dequantized weights × exact activations in f64.
+        let raw = crate::dequant::quantize(ty, &w).unwrap();
+        let q = QMatrix::new(ty, n, k, Arc::new(raw.clone()), 0).unwrap();
+        // The packed layout dequantizes exactly like ggml's reference dequantizer.
         let mut wd = vec![0f32; n * k];
+        dequantize(ty, &raw, &mut wd);
+        let mut row = vec![0f32; k];
         for r in 0..n {
-            q.dequantize_row(r, &mut wd[r * k..(r + 1) * k]);
+            q.dequantize_row(r, &mut row);
+            for (a, b) in row.iter().zip(&wd[r * k..(r + 1) * k]) {
+                assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{ty}: packed {a} vs ggml {b}");
+            }
         }
         let mut got = vec![0f32; m * n];
         q.matmul(&x, m, &mut got);
@@ -522,12 +674,9 @@ mod tests {
             }
         }
         // 8-bit activations: relative error of a K-term dot product stays around 1%.
-        assert!(
-            max_err / max_ref < 0.02,
-            "{ty} m={m} n={n} k={k}: max err {max_err} vs max {max_ref}"
-        );
-        // The portable path must agree with the SIMD path.
-        let acts = QuantizedActs::quantize(&x, m, k);
+        assert!(max_err / max_ref < 0.02, "{ty} m={m} n={n} k={k}: max err {max_err} vs max {max_ref}");
+        // The portable path must agree with the SIMD path on the same quantized activations.
+        let acts = QuantizedActs::quantize(&x, m, k, q.act_layout());
         let mut port = vec![0f32; m * n];
         unsafe { portable_range(&q, &acts, 0, n, port.as_mut_ptr()) };
         for (a, b) in port.iter().zip(&got) {
@@ -537,16 +686,20 @@ mod tests {
 
     #[test]
     fn qmatmul_matches_dequantized_reference() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K] {
-            for (m, n) in [(1, 3), (3, 17), (4, 8), (9, 33), (13, 64)] {
-                check(ty, m, n, 512);
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            // k = 32·odd exercises the zero-padded last pair and partial scale groups.
+            for (m, n, k) in [(1, 3, 96), (3, 17, 576), (4, 8, 512), (9, 33, 160), (13, 64, 512), (1, 40, 1536)] {
+                check(ty, m, n, k);
             }
+        }
+        for (m, n) in [(1, 5), (5, 9), (8, 16)] {
+            check(GgmlType::Q4K, m, n, 512);
         }
     }
 
     #[test]
     fn rejects_bad_shapes() {
-        assert!(QMatrix::quantize(GgmlType::Q4K, 2, 64, &vec![0.0; 128]).is_err());
+        assert!(QMatrix::quantize(GgmlType::Q4K, 2, 64, &[0.0; 128]).is_err());
         let err = QMatrix::new(GgmlType::Q8_0, 4, 32, Arc::new(vec![0u8; 10]), 0);
         assert!(matches!(err, Err(QMatrixError::BadLength { .. })));
         assert!(QMatrix::new(GgmlType::F16, 4, 32, Arc::new(vec![0u8; 1000]), 0).is_err());

@@ -239,10 +239,11 @@ impl Model {
         for (li, layer) in w.layers.iter().enumerate() {
             let l = li as i32;
             let h = rmsnorm(&x, &layer.attn_norm, c.rms_eps, &all_rows, l);
-            let mut hq = None;
-            let mut q = layer.wq.forward(&h, &mut hq, n, l, "attn_q")?;
-            let mut k = layer.wk.forward(&h, &mut hq, n, l, "attn_k")?;
-            let mut v = layer.wv.forward(&h, &mut hq, n, l, "attn_v")?;
+            let mut qkv = layer.qkv.forward(&h, n, l, "attn_qkv")?.into_iter();
+            let (mut q, mut k, mut v) = match (qkv.next(), qkv.next(), qkv.next()) {
+                (Some(q), Some(k), Some(v)) => (q, k, v),
+                _ => return Err(ModelError::Other("q/k/v projection returned too few outputs".into())),
+            };
             for (t, b) in [(&mut q, &layer.bq), (&mut k, &layer.bk), (&mut v, &layer.bv)] {
                 if let Some(b) = b {
                     for row in t.chunks_exact_mut(b.len()) {
@@ -320,9 +321,11 @@ impl Model {
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
             let h = rmsnorm(&x, &layer.ffn_norm, c.rms_eps, &all_rows, l);
-            let mut hq = None;
-            let mut g = layer.w_gate.forward(&h, &mut hq, n, l, "ffn_gate")?;
-            let u = layer.w_up.forward(&h, &mut hq, n, l, "ffn_up")?;
+            let mut gu = layer.gate_up.forward(&h, n, l, "ffn_gate_up")?.into_iter();
+            let (mut g, u) = match (gu.next(), gu.next()) {
+                (Some(g), Some(u)) => (g, u),
+                _ => return Err(ModelError::Other("gate/up projection returned too few outputs".into())),
+            };
             {
                 let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost((2 * n * c.ffn * 4) as u64, (n * c.ffn * 4) as u64, (5 * n * c.ffn) as u64);
                 g.iter_mut().zip(&u).for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);

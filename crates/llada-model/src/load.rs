@@ -1,7 +1,7 @@
 //! Loading a model from a GGUF file or an HF directory.
 
 use crate::config::{Arch, ModelConfig};
-use crate::weights::{Embedding, Layer, Linear, Weights};
+use crate::weights::{Embedding, Layer, Linear, Projection, Weights};
 use crate::ModelError;
 use llada_formats::gguf::GgufFile;
 use llada_formats::hf::HfDir;
@@ -18,6 +18,9 @@ pub struct LoadOptions {
     pub quantize: Option<GgmlType>,
     /// Skip loading the tokenizer.
     pub no_tokenizer: bool,
+    /// Dequantize every matrix to f32 at load: reference precision (no 8-bit activation
+    /// quantization), at 4–8x the memory and lower speed.
+    pub dequantize: bool,
 }
 
 /// Where the model came from.
@@ -225,7 +228,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn load_weights(src: &dyn TensorSource, c: &ModelConfig, opts: &LoadOptions, names: impl Fn(usize) -> Names, emb: &str, norm: &str, head: &str, permuted: bool) -> Result<Weights, ModelError> {
         let d = c.d_model;
-        let q = opts.quantize;
+        let q = if opts.dequantize { Some(GgmlType::F32) } else { opts.quantize };
         let embed_view = src.require(emb)?;
         embed_view.expect_shape(&[c.vocab, d])?;
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -249,16 +252,17 @@ impl Model {
             };
             layers.push(Layer {
                 attn_norm: vec1(src, &n.attn_norm, d)?,
-                wq: matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
-                wk: matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
-                wv: matrix(src, &n.v, c.kv_dim(), d, q, None)?,
+                qkv: Projection::new(vec![
+                    matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
+                    matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
+                    matrix(src, &n.v, c.kv_dim(), d, q, None)?,
+                ])?,
                 bq: bias(&n.bias[0], c.q_dim(), perm_q)?,
                 bk: bias(&n.bias[1], c.kv_dim(), perm_k)?,
                 bv: bias(&n.bias[2], c.kv_dim(), None)?,
                 wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
                 ffn_norm: vec1(src, &n.ffn_norm, d)?,
-                w_gate: matrix(src, &n.gate, c.ffn, d, q, None)?,
-                w_up: matrix(src, &n.up, c.ffn, d, q, None)?,
+                gate_up: Projection::new(vec![matrix(src, &n.gate, c.ffn, d, q, None)?, matrix(src, &n.up, c.ffn, d, q, None)?])?,
                 w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
             });
         }

@@ -18,7 +18,7 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// Build from a stored tensor of shape `[out, in]`.
+    /// Build from a stored tensor of shape `[out, in]`; `requant` converts it (F32 = dequantize).
     pub fn from_view(v: &TensorView, requant: Option<GgmlType>) -> Result<Self, ModelError> {
         if v.shape.len() != 2 {
             return Err(ModelError::Format(llada_formats::FormatError::ShapeMismatch {
@@ -68,7 +68,7 @@ impl Linear {
     /// Bytes of weights read by one application.
     pub fn weight_bytes(&self) -> usize {
         match self {
-            Linear::Quant(q) => q.bytes().len(),
+            Linear::Quant(q) => q.stored_bytes(),
             Linear::Dense { rows, cols, .. } => rows * cols * 4,
         }
     }
@@ -87,7 +87,10 @@ impl Linear {
             .cost((self.weight_bytes() + m * k * 4) as u64, (m * n * 4) as u64, (2 * m * n * k) as u64);
         match self {
             Linear::Quant(q) => {
-                let acts = xq.get_or_insert_with(|| QuantizedActs::quantize(x, m, k));
+                if xq.as_ref().is_none_or(|a| a.layout != q.act_layout()) {
+                    *xq = Some(QuantizedActs::quantize(x, m, k, q.act_layout()));
+                }
+                let acts = xq.as_ref().ok_or_else(|| ModelError::Other("activations".into()))?;
                 let mut out = vec![0f32; m * n];
                 q.matmul_q(acts, &mut out);
                 Ok(out)
@@ -97,6 +100,77 @@ impl Linear {
                 let y = xt.matmul(&w.t()?)?;
                 Ok(y.flatten_all()?.to_vec1::<f32>()?)
             }
+        }
+    }
+}
+
+/// Several projections of the same input: fused into one matrix when their types allow
+/// (one kernel call instead of several), else applied one by one.
+pub enum Projection {
+    Fused { w: Linear, splits: Vec<usize> },
+    Separate(Vec<Linear>),
+}
+
+impl Projection {
+    /// Fuse `parts` (all `[out_i × in]`) when they share a kernel type.
+    pub fn new(parts: Vec<Linear>) -> Result<Self, ModelError> {
+        let splits: Vec<usize> = parts.iter().map(|p| p.rows()).collect();
+        let quants: Vec<&QMatrix> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Linear::Quant(q) => Some(q),
+                _ => None,
+            })
+            .collect();
+        if quants.len() == parts.len() {
+            if let Some(q) = QMatrix::concat_rows(&quants) {
+                return Ok(Projection::Fused { w: Linear::Quant(q), splits });
+            }
+        }
+        let dense: Vec<&Tensor> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Linear::Dense { w, .. } => Some(w),
+                _ => None,
+            })
+            .collect();
+        if dense.len() == parts.len() {
+            let w = Tensor::cat(&dense, 0)?;
+            let cols = parts[0].cols();
+            return Ok(Projection::Fused {
+                w: Linear::Dense { w, rows: splits.iter().sum(), cols },
+                splits,
+            });
+        }
+        Ok(Projection::Separate(parts))
+    }
+
+    /// Apply to `x[m × in]`; one output `[m × out_i]` per part.
+    pub fn forward(&self, x: &[f32], m: usize, layer: i32, op: &str) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut xq = None;
+        match self {
+            Projection::Separate(parts) => parts.iter().map(|p| p.forward(x, &mut xq, m, layer, op)).collect(),
+            Projection::Fused { w, splits } => {
+                let y = w.forward(x, &mut xq, m, layer, op)?;
+                let total = w.rows();
+                let mut outs: Vec<Vec<f32>> = splits.iter().map(|s| Vec::with_capacity(m * s)).collect();
+                for row in y.chunks_exact(total) {
+                    let mut o = 0;
+                    for (out, s) in outs.iter_mut().zip(splits) {
+                        out.extend_from_slice(&row[o..o + s]);
+                        o += s;
+                    }
+                }
+                Ok(outs)
+            }
+        }
+    }
+
+    /// The underlying matrices.
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Projection::Fused { w, .. } => vec![w],
+            Projection::Separate(p) => p.iter().collect(),
         }
     }
 }
@@ -141,25 +215,30 @@ impl Embedding {
 /// One transformer block's weights.
 pub struct Layer {
     pub attn_norm: Vec<f32>,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    /// q, k, v projections (fused when possible).
+    pub qkv: Projection,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
+    /// gate and up projections (fused when possible).
+    pub gate_up: Projection,
     pub w_down: Linear,
 }
 
 impl Layer {
+    /// Every matrix of the block.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut v = self.qkv.linears();
+        v.push(&self.wo);
+        v.extend(self.gate_up.linears());
+        v.push(&self.w_down);
+        v
+    }
+
     pub fn weight_bytes(&self) -> usize {
-        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w_gate, &self.w_up, &self.w_down]
-            .iter()
-            .map(|l| l.weight_bytes())
-            .sum::<usize>()
+        self.linears().iter().map(|l| l.weight_bytes()).sum::<usize>()
             + (self.attn_norm.len() + self.ffn_norm.len()) * 4
     }
 }
