@@ -92,7 +92,9 @@ pub fn measure_bandwidth(lane: &Lane) -> f64 {
 
 fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<Vec<MatmulRow>> {
     let (n, k) = (size, size);
-    let w: Vec<f32> = (0..n * k).map(|i| ((i.wrapping_mul(2654435761)) % 2001) as f32 / 1000.0 - 1.0).collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i.wrapping_mul(2654435761)) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
     let ours = QMatrix::quantize(ty, n, k, &w).map_err(anyhow::Error::msg)?;
     let cdt = match ty {
         GgmlType::Q4_0 => candle_core::quantized::GgmlDType::Q4_0,
@@ -101,19 +103,27 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
         _ => candle_core::quantized::GgmlDType::Q4K,
     };
     let wt = Tensor::from_vec(w, (n, k), &Device::Cpu)?;
-    let cq = candle_core::quantized::QMatMul::from_qtensor(candle_core::quantized::QTensor::quantize(&wt, cdt)?)?;
+    let cq = candle_core::quantized::QMatMul::from_qtensor(
+        candle_core::quantized::QTensor::quantize(&wt, cdt)?,
+    )?;
     let mut rows = vec![];
     for &m in ms {
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
         let reps = (64 / m).clamp(3, 20);
         let mut out = vec![0f32; m * n];
         let t_ours = lane.run(|| {
             ours.matmul(&x, m, &mut out);
-            median((0..reps).map(|_| {
-                let t = Instant::now();
-                ours.matmul(&x, m, &mut out);
-                t.elapsed().as_secs_f64()
-            }).collect())
+            median(
+                (0..reps)
+                    .map(|_| {
+                        let t = Instant::now();
+                        ours.matmul(&x, m, &mut out);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect(),
+            )
         });
         let xt = Tensor::from_vec(x, (m, k), &Device::Cpu)?;
         let t_candle = lane.run(|| -> Result<f64> {
@@ -143,21 +153,42 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let path = crate::models::resolve(&a.model, a.json)?;
-    let model = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+    let model = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .max(1);
     let lane = Lane::new("dense", threads)?;
     let reps = a.reps.max(1);
     let steps = 2 + 2 * reps + if a.no_matmul { 0 } else { 1 };
-    let pb = if a.json { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(steps as u64) };
-    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(steps as u64)
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
 
     pb.set_message("memory bandwidth");
     let bw = measure_bandwidth(&lane);
     pb.inc(1);
 
     let vocab = model.config.vocab as u32;
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32).map(|i| 100 + (i * 37) % (vocab - 100).max(1)).collect();
-    let prefill_cfg = GenerateConfig { max_tokens: 1, stop_at_eos: false, ..Default::default() };
+    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32)
+        .map(|i| 100 + (i * 37) % (vocab - 100).max(1))
+        .collect();
+    let prefill_cfg = GenerateConfig {
+        max_tokens: 1,
+        stop_at_eos: false,
+        ..Default::default()
+    };
     pb.set_message("warm-up");
     generate(&model, &lane, &prompt, &prefill_cfg, |_| true)?;
     pb.inc(1);
@@ -168,14 +199,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
         prefill.push(o.prompt_tokens as f64 / o.prefill_s);
         pb.inc(1);
     }
-    let decode_cfg = GenerateConfig { max_tokens: a.gen_tokens.max(2), stop_at_eos: false, ..Default::default() };
+    let decode_cfg = GenerateConfig {
+        max_tokens: a.gen_tokens.max(2),
+        stop_at_eos: false,
+        ..Default::default()
+    };
     let mut decode = vec![];
     if a.trace.is_some() {
         Tracer::global().enable(true);
     }
     for _ in 0..reps {
         pb.set_message("decode");
-        let o = generate(&model, &lane, &prompt[..8.min(prompt.len())], &decode_cfg, |_| true)?;
+        let o = generate(
+            &model,
+            &lane,
+            &prompt[..8.min(prompt.len())],
+            &decode_cfg,
+            |_| true,
+        )?;
         // The first generated token comes from prefill; the rest each cost one forward pass.
         decode.push((o.generated_tokens - 1) as f64 / o.decode_s);
         pb.inc(1);
@@ -190,7 +231,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.no_matmul {
         pb.set_message("matmul");
         let mut types: Vec<GgmlType> = vec![];
-        for l in model.weights.layers.iter().flat_map(|l| l.linears()).chain([&model.weights.lm_head]) {
+        for l in model
+            .weights
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .chain([&model.weights.lm_head])
+        {
             let t = l.dtype();
             if QMatrix::supports(t) && !types.contains(&t) {
                 types.push(t);
@@ -228,17 +275,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("threads          {threads}");
     println!("memory bandwidth {bw:.1} GB/s (measured now)");
     println!("weights/token    {:.1} MiB", bpt as f64 / (1 << 20) as f64);
-    println!("prefill          {prefill_tok_s:.1} tok/s ({} tokens, median of {reps})", prompt.len());
-    println!("decode           {decode_tok_s:.1} tok/s ({} tokens, median of {reps})", decode_cfg.max_tokens);
-    println!("bandwidth floor  {floor:.1} tok/s -> decode at {:.0}% of it", 100.0 * decode_tok_s / floor);
+    println!(
+        "prefill          {prefill_tok_s:.1} tok/s ({} tokens, median of {reps})",
+        prompt.len()
+    );
+    println!(
+        "decode           {decode_tok_s:.1} tok/s ({} tokens, median of {reps})",
+        decode_cfg.max_tokens
+    );
+    println!(
+        "bandwidth floor  {floor:.1} tok/s -> decode at {:.0}% of it",
+        100.0 * decode_tok_s / floor
+    );
     if !matmul.is_empty() {
         println!();
-        println!("| type | M | N×K | ours ms | ours GFLOP/s | candle ms | candle GFLOP/s | ratio |");
+        println!(
+            "| type | M | N×K | ours ms | ours GFLOP/s | candle ms | candle GFLOP/s | ratio |"
+        );
         println!("|---|---|---|---|---|---|---|---|");
         for r in &matmul {
             println!(
                 "| {} | {} | {}×{} | {:.2} | {:.1} | {:.2} | {:.1} | {:.2}x |",
-                r.dtype, r.m, r.n, r.k, r.ours_ms, r.ours_gflops, r.candle_ms, r.candle_gflops, r.candle_ms / r.ours_ms
+                r.dtype,
+                r.m,
+                r.n,
+                r.k,
+                r.ours_ms,
+                r.ours_gflops,
+                r.candle_ms,
+                r.candle_gflops,
+                r.candle_ms / r.ours_ms
             );
         }
     }

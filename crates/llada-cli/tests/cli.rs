@@ -23,10 +23,27 @@ fn run_json(args: &[&str]) -> serde_json::Value {
 /// reference). The reference's closest call is step 5: 2988 at 14.622 vs 1797 at 14.402.
 #[test]
 fn smollm2_greedy_matches_numpy_reference() {
-    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--json", "--dequantize"]);
-    let ids = |k: &str| -> Vec<u64> { j[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect() };
+    let j = run_json(&[
+        "generate",
+        "--raw",
+        "The capital of France is",
+        "-n",
+        "10",
+        "--json",
+        "--dequantize",
+    ]);
+    let ids = |k: &str| -> Vec<u64> {
+        j[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
     assert_eq!(ids("prompt_ids"), vec![504, 3575, 282, 4649, 314]);
-    assert_eq!(ids("tokens"), vec![7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34]);
+    assert_eq!(
+        ids("tokens"),
+        vec![7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34]
+    );
     assert_eq!(j["text"], " Paris.\n\nThe answer is: 2");
     assert_eq!(j["generated_tokens"], 10);
     assert_eq!(j["prompt_tokens"], 5);
@@ -41,27 +58,73 @@ fn smollm2_greedy_matches_numpy_reference() {
 /// of the 14.622 / 14.402 near-tie (llama.cpp with 8-bit activations takes 1797, " United").
 #[test]
 fn smollm2_quantized_path_agrees_up_to_the_near_tie() {
-    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "6", "--json"]);
-    let ids: Vec<u64> = j["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let j = run_json(&[
+        "generate",
+        "--raw",
+        "The capital of France is",
+        "-n",
+        "6",
+        "--json",
+    ]);
+    let ids: Vec<u64> = j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert_eq!(&ids[..5], &[7042, 30, 198, 198, 504]);
-    assert!(ids[5] == 2988 || ids[5] == 1797, "step 5 took {}, outside the near-tie pair", ids[5]);
+    assert!(
+        ids[5] == 2988 || ids[5] == 1797,
+        "step 5 took {}, outside the near-tie pair",
+        ids[5]
+    );
 }
 
 #[test]
 fn chat_template_and_sampling_are_reproducible() {
-    let args = ["generate", "What is 2+2?", "-n", "12", "--temperature", "0.8", "--top-k", "40", "--top-p", "0.95", "--seed", "7", "--json"];
+    let args = [
+        "generate",
+        "What is 2+2?",
+        "-n",
+        "12",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
+        "--json",
+    ];
     let a = run_json(&args);
     let b = run_json(&args);
     assert_eq!(a["tokens"], b["tokens"], "same seed, same tokens");
     // The ChatML template with SmolLM2's default system prompt wraps the question.
     assert!(a["prompt_tokens"].as_u64().unwrap() > 20);
-    let first: Vec<u64> = a["prompt_ids"].as_array().unwrap().iter().take(1).map(|v| v.as_u64().unwrap()).collect();
+    let first: Vec<u64> = a["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(1)
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert_eq!(first, vec![1], "<|im_start|> opens the prompt");
 }
 
 #[test]
 fn stop_string_cuts_the_text() {
-    let j = run_json(&["generate", "--raw", "The capital of France is", "-n", "10", "--stop", "answer", "--json", "--dequantize"]);
+    let j = run_json(&[
+        "generate",
+        "--raw",
+        "The capital of France is",
+        "-n",
+        "10",
+        "--stop",
+        "answer",
+        "--json",
+        "--dequantize",
+    ]);
     assert_eq!(j["text"], " Paris.\n\nThe ");
     assert_eq!(j["stop_reason"], "stop_string");
 }
@@ -71,7 +134,10 @@ fn bad_input_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
         (&["generate", "hi", "--top-p", "2"], "top-p"),
         (&["generate", "hi", "--temperature=-1"], "temperature"),
-        (&["generate", "hi", "--model", "/nonexistent/model.gguf"], "neither a file"),
+        (
+            &["generate", "hi", "--model", "/nonexistent/model.gguf"],
+            "neither a file",
+        ),
         (&["generate", "hi", "--quantize", "q3_z"], "--quantize"),
         (&["info", "/etc/hostname"], "not a GGUF file"),
     ];
@@ -79,7 +145,10 @@ fn bad_input_is_a_clear_error() {
         let out = llada().args(*args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
-        assert!(err.contains(needle), "{args:?}: stderr lacks '{needle}': {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: stderr lacks '{needle}': {err}"
+        );
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
@@ -88,7 +157,10 @@ fn bad_input_is_a_clear_error() {
 fn prompt_longer_than_context_is_refused() {
     // 9000 words > SmolLM2's 8192-token context.
     let long = "word ".repeat(9000);
-    let out = llada().args(["generate", "--raw", &long, "-n", "1"]).output().unwrap();
+    let out = llada()
+        .args(["generate", "--raw", &long, "-n", "1"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("context"), "{err}");

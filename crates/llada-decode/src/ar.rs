@@ -73,13 +73,19 @@ impl Default for TextStream {
 
 impl TextStream {
     pub fn new() -> Self {
-        Self { ids: vec![], emitted: 0 }
+        Self {
+            ids: vec![],
+            emitted: 0,
+        }
     }
     /// Add a token; return the newly final text.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
         self.ids.push(id);
         let text = tok.decode(&self.ids);
-        if text.ends_with('\u{FFFD}') || text.len() < self.emitted || !text.is_char_boundary(self.emitted) {
+        if text.ends_with('\u{FFFD}')
+            || text.len() < self.emitted
+            || !text.is_char_boundary(self.emitted)
+        {
             return String::new();
         }
         let new = text[self.emitted..].to_string();
@@ -103,7 +109,10 @@ pub fn generate(
         return Err(ModelError::BadRequest("the prompt is empty".into()));
     }
     if prompt.len() >= ctx {
-        return Err(ModelError::ContextOverflow { pos: prompt.len() as u32, ctx });
+        return Err(ModelError::ContextOverflow {
+            pos: prompt.len() as u32,
+            ctx,
+        });
     }
     cfg.sampling.validate().map_err(ModelError::BadRequest)?;
     let tok = model.tokenizer.as_ref();
@@ -126,7 +135,8 @@ pub fn generate(
     for (c, chunk) in prompt.chunks(cfg.prefill_chunk.max(1)).enumerate() {
         let start = c * cfg.prefill_chunk.max(1);
         let pos = &positions[start..start + chunk.len()];
-        let out = lane.run(|| model.forward(&ForwardRequest::causal_append(chunk, pos), &mut cache))?;
+        let out =
+            lane.run(|| model.forward(&ForwardRequest::causal_append(chunk, pos), &mut cache))?;
         passes += 1;
         logits = out.logits;
     }
@@ -150,7 +160,16 @@ pub fn generate(
             if !piece.is_empty() {
                 let before = text.len();
                 text.push_str(&piece);
-                if let Some(cut) = cfg.stop_strings.iter().filter_map(|s| text[before.saturating_sub(s.len())..].find(s.as_str()).map(|i| i + before.saturating_sub(s.len()))).min() {
+                if let Some(cut) = cfg
+                    .stop_strings
+                    .iter()
+                    .filter_map(|s| {
+                        text[before.saturating_sub(s.len())..]
+                            .find(s.as_str())
+                            .map(|i| i + before.saturating_sub(s.len()))
+                    })
+                    .min()
+                {
                     let visible = cut.saturating_sub(before);
                     on_text(&piece[..visible.min(piece.len())]);
                     text.truncate(cut);
@@ -174,7 +193,8 @@ pub fn generate(
             reason = StopReason::Context;
             break;
         }
-        let out = lane.run(|| model.forward(&ForwardRequest::causal_append(&[next], &[pos]), &mut cache))?;
+        let out = lane
+            .run(|| model.forward(&ForwardRequest::causal_append(&[next], &[pos]), &mut cache))?;
         passes += 1;
         logits = out.logits;
     }

@@ -96,7 +96,10 @@ impl Sampler {
             idx.truncate(p.top_k);
         }
         let mx = logits[idx[0]];
-        let mut w: Vec<f32> = idx.iter().map(|&i| ((logits[i] - mx) / p.temperature).exp()).collect();
+        let mut w: Vec<f32> = idx
+            .iter()
+            .map(|&i| ((logits[i] - mx) / p.temperature).exp())
+            .collect();
         let total: f32 = w.iter().sum();
         w.iter_mut().for_each(|v| *v /= total);
         if p.top_p < 1.0 {
@@ -160,7 +163,12 @@ mod tests {
     #[test]
     fn top_k_and_top_p_restrict_support() {
         let logits = [2.0, 1.0, 0.5, 0.0, -1.0];
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 1 });
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            seed: 1,
+        });
         let d = s.distribution(&logits);
         assert!(d[2] == 0.0 && d[3] == 0.0 && d[4] == 0.0);
         assert!((d[0] + d[1] - 1.0).abs() < 1e-6);
@@ -168,7 +176,12 @@ mod tests {
         let e1 = (1.0f32).exp();
         assert!((d[0] - e0 / (e0 + e1)).abs() < 1e-6);
         // top-p 0.5: the first token alone has p ≈ 0.53 ≥ 0.5.
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, seed: 1 });
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            seed: 1,
+        });
         let d = s.distribution(&logits);
         assert_eq!(d[0], 1.0);
     }
@@ -176,7 +189,12 @@ mod tests {
     #[test]
     fn sampling_follows_the_distribution_and_is_seeded() {
         let logits = [0.0f32, (3.0f32).ln()]; // p = [0.25, 0.75]
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 42,
+        };
         let mut s = Sampler::new(params);
         let n = 20000;
         let ones = (0..n).filter(|_| s.sample(&logits) == 1).count();
@@ -192,8 +210,16 @@ mod tests {
     #[test]
     fn temperature_sharpens() {
         let logits = [1.0f32, 0.0];
-        let hot = Sampler::new(SamplingParams { temperature: 2.0, ..Default::default() }).distribution(&logits);
-        let cold = Sampler::new(SamplingParams { temperature: 0.5, ..Default::default() }).distribution(&logits);
+        let hot = Sampler::new(SamplingParams {
+            temperature: 2.0,
+            ..Default::default()
+        })
+        .distribution(&logits);
+        let cold = Sampler::new(SamplingParams {
+            temperature: 0.5,
+            ..Default::default()
+        })
+        .distribution(&logits);
         assert!(cold[0] > hot[0]);
     }
 }

@@ -65,7 +65,11 @@ impl FormatError {
             what: what.into(),
         }
     }
-    pub fn metadata(path: impl Into<PathBuf>, key: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub fn metadata(
+        path: impl Into<PathBuf>,
+        key: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
         Self::Metadata {
             path: path.into(),
             key: key.into(),

@@ -175,14 +175,20 @@ impl<'a> Reader<'a> {
             8 => Value::String(self.string(&what)?),
             9 => {
                 if depth > 2 {
-                    return Err(FormatError::corrupt(self.path, format!("'{key}': arrays nested too deeply")));
+                    return Err(FormatError::corrupt(
+                        self.path,
+                        format!("'{key}': arrays nested too deeply"),
+                    ));
                 }
                 let et = self.u32(&what)?;
                 let n = self.u64(&what)?;
                 // No real metadata array comes near MAX_COUNT elements; a larger count (even one a
                 // huge sparse file could back) would only make us allocate without bound.
                 if n > MAX_COUNT {
-                    return Err(FormatError::corrupt(self.path, format!("array '{key}' claims an absurd {n} elements")));
+                    return Err(FormatError::corrupt(
+                        self.path,
+                        format!("array '{key}' claims an absurd {n} elements"),
+                    ));
                 }
                 // Every element takes at least one byte: a count beyond the bytes left is corrupt.
                 let left = (self.buf.len() - self.pos) as u64;
@@ -260,7 +266,10 @@ impl GgufFile {
             let name = r.string(&format!("tensor name #{i}"))?;
             let nd = r.u32(&format!("n_dims of '{name}'"))?;
             if nd == 0 || nd > MAX_DIMS {
-                return Err(FormatError::corrupt(path, format!("tensor '{name}' has {nd} dimensions")));
+                return Err(FormatError::corrupt(
+                    path,
+                    format!("tensor '{name}' has {nd} dimensions"),
+                ));
             }
             let mut ne = Vec::with_capacity(nd as usize);
             for _ in 0..nd {
@@ -275,7 +284,11 @@ impl GgufFile {
             Some(v) => match v.as_u64() {
                 Some(a) if a.is_power_of_two() && a <= 1 << 16 => a,
                 _ => {
-                    return Err(FormatError::metadata(path, "general.alignment", ": not a power of two"))
+                    return Err(FormatError::metadata(
+                        path,
+                        "general.alignment",
+                        ": not a power of two",
+                    ))
                 }
             },
         };
@@ -301,25 +314,39 @@ impl GgufFile {
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
                 .filter(|&n| n > 0 && n < 1 << 40)
-                .ok_or_else(|| FormatError::corrupt(path, format!("tensor '{name}' has absurd dimensions {ne:?}")))?;
+                .ok_or_else(|| {
+                    FormatError::corrupt(
+                        path,
+                        format!("tensor '{name}' has absurd dimensions {ne:?}"),
+                    )
+                })?;
             if ne[0] % ty.block_elems() as u64 != 0 {
                 return Err(FormatError::corrupt(
                     path,
-                    format!("tensor '{name}': row length {} is not a multiple of the {ty} block size", ne[0]),
+                    format!(
+                        "tensor '{name}': row length {} is not a multiple of the {ty} block size",
+                        ne[0]
+                    ),
                 ));
             }
-            let len = ty
-                .bytes_for(numel)
-                .ok_or_else(|| FormatError::corrupt(path, format!("tensor '{name}' size overflows")))?;
+            let len = ty.bytes_for(numel).ok_or_else(|| {
+                FormatError::corrupt(path, format!("tensor '{name}' size overflows"))
+            })?;
             if off % align != 0 {
-                return Err(FormatError::corrupt(path, format!("tensor '{name}' offset {off} is not aligned to {align}")));
+                return Err(FormatError::corrupt(
+                    path,
+                    format!("tensor '{name}' offset {off} is not aligned to {align}"),
+                ));
             }
             let abs = data_offset.checked_add(off);
             let end = abs.and_then(|a| a.checked_add(len));
             match (abs, end) {
                 (Some(abs), Some(end)) if end <= file_len => {
                     if tensors.contains_key(&name) {
-                        return Err(FormatError::corrupt(path, format!("duplicate tensor '{name}'")));
+                        return Err(FormatError::corrupt(
+                            path,
+                            format!("duplicate tensor '{name}'"),
+                        ));
                     }
                     order.push(name.clone());
                     tensors.insert(
@@ -435,7 +462,13 @@ impl GgufWriter {
         self
     }
     /// Add a tensor with row-major `shape` (outermost first) and raw bytes of type `ty`.
-    pub fn tensor(&mut self, name: &str, shape: &[usize], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> &mut Self {
         let ne = shape.iter().rev().map(|&d| d as u64).collect();
         self.tensors.push((name.to_string(), ne, ty, data));
         self

@@ -44,12 +44,18 @@ impl HfDir {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| FormatError::metadata(&index, "weight_map", " is missing"))?;
-            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
             files.sort();
             files.dedup();
             for f in &files {
                 if f.contains('/') || f.contains('\\') || f.contains("..") {
-                    return Err(FormatError::corrupt(&index, format!("shard name '{f}' is not a plain file name")));
+                    return Err(FormatError::corrupt(
+                        &index,
+                        format!("shard name '{f}' is not a plain file name"),
+                    ));
                 }
             }
             files.into_iter().map(|f| dir.join(f)).collect()
@@ -58,7 +64,10 @@ impl HfDir {
             if !single.exists() {
                 return Err(FormatError::io(
                     &single,
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no model.safetensors or model.safetensors.index.json",
+                    ),
                 ));
             }
             vec![single]
@@ -71,11 +80,12 @@ impl HfDir {
             let st = safetensors::SafeTensors::deserialize(buf)
                 .map_err(|e| FormatError::corrupt(&f, format!("invalid safetensors: {e}")))?;
             for (name, view) in st.tensors() {
-                let ty = dtype_to_ggml(view.dtype()).ok_or_else(|| FormatError::UnsupportedType {
-                    path: f.clone(),
-                    tensor: name.clone(),
-                    ty: format!("{:?}", view.dtype()),
-                })?;
+                let ty =
+                    dtype_to_ggml(view.dtype()).ok_or_else(|| FormatError::UnsupportedType {
+                        path: f.clone(),
+                        tensor: name.clone(),
+                        ty: format!("{:?}", view.dtype()),
+                    })?;
                 let data = view.data();
                 let offset = data.as_ptr() as usize - buf.as_ptr() as usize;
                 let tv = TensorView {
@@ -88,7 +98,10 @@ impl HfDir {
                     file: f.clone(),
                 };
                 if tensors.insert(name.clone(), tv).is_some() {
-                    return Err(FormatError::corrupt(&f, format!("tensor '{name}' appears in two shards")));
+                    return Err(FormatError::corrupt(
+                        &f,
+                        format!("tensor '{name}' appears in two shards"),
+                    ));
                 }
                 order.push(name);
             }

@@ -45,13 +45,19 @@ impl ChatTemplate {
     pub fn detect(jinja: &str) -> Self {
         if jinja.contains("<|im_start|>") {
             // The SmolLM2 and Qwen templates embed their default system prompt as a literal.
-            let default_system = jinja.find("<|im_start|>system\\n").or(jinja.find("<|im_start|>system\n")).and_then(|i| {
-                let rest = &jinja[i..];
-                let start = rest.find('\n').map(|p| p + 1).or(rest.find("\\n").map(|p| p + 2))?;
-                let end = rest.find("<|im_end|>")?;
-                let s = rest.get(start..end)?;
-                (!s.contains("{{") && !s.contains("{%") && !s.is_empty()).then(|| s.to_string())
-            });
+            let default_system = jinja
+                .find("<|im_start|>system\\n")
+                .or(jinja.find("<|im_start|>system\n"))
+                .and_then(|i| {
+                    let rest = &jinja[i..];
+                    let start = rest
+                        .find('\n')
+                        .map(|p| p + 1)
+                        .or(rest.find("\\n").map(|p| p + 2))?;
+                    let end = rest.find("<|im_end|>")?;
+                    let s = rest.get(start..end)?;
+                    (!s.contains("{{") && !s.contains("{%") && !s.is_empty()).then(|| s.to_string())
+                });
             ChatTemplate::ChatMl { default_system }
         } else if jinja.contains("<|start_header_id|>") {
             ChatTemplate::Llama3 {
@@ -77,7 +83,10 @@ impl ChatTemplate {
                     }
                 }
                 for m in messages {
-                    s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+                    s.push_str(&format!(
+                        "<|im_start|>{}\n{}<|im_end|>\n",
+                        m.role, m.content
+                    ));
                 }
                 if add_generation_prompt {
                     s.push_str("<|im_start|>assistant\n");
@@ -137,7 +146,11 @@ impl Tokenizer {
     }
 
     /// Load `tokenizer.json` (plus `tokenizer_config.json`'s template when present).
-    pub fn from_hf_dir(dir: &Path, eos: &[u32], default_template: ChatTemplate) -> Result<Self, FormatError> {
+    pub fn from_hf_dir(
+        dir: &Path,
+        eos: &[u32],
+        default_template: ChatTemplate,
+    ) -> Result<Self, FormatError> {
         let p = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&p).map_err(|e| FormatError::Tokenizer {
             path: p.clone(),
@@ -147,7 +160,11 @@ impl Tokenizer {
         let template = std::fs::read_to_string(&cfg)
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v.get("chat_template").and_then(|t| t.as_str()).map(ChatTemplate::detect))
+            .and_then(|v| {
+                v.get("chat_template")
+                    .and_then(|t| t.as_str())
+                    .map(ChatTemplate::detect)
+            })
             .unwrap_or(default_template);
         let mut stop_ids = eos.to_vec();
         for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>"] {
@@ -190,13 +207,20 @@ impl Tokenizer {
         let mut vocab = serde_json::Map::with_capacity(tokens.len());
         let mut added = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
-            let t = t.as_str().ok_or_else(|| terr(format!("token {i} is not a string")))?;
+            let t = t
+                .as_str()
+                .ok_or_else(|| terr(format!("token {i} is not a string")))?;
             vocab.insert(t.to_string(), json!(i));
-            let ty = types.and_then(|ts| ts.get(i)).and_then(Value::as_u64).unwrap_or(1);
+            let ty = types
+                .and_then(|ts| ts.get(i))
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
             // 3 = control, 4 = user-defined: matched whole in the input text.
             if ty == 3 || ty == 4 {
-                added.push(json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": ty == 3}));
+                added.push(
+                    json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": ty == 3}),
+                );
             }
         }
         let merges: Vec<serde_json::Value> = merges
@@ -204,20 +228,21 @@ impl Tokenizer {
             .map(|m| m.as_str().map(|s| json!(s)))
             .collect::<Option<_>>()
             .ok_or_else(|| terr("a merge is not a string".into()))?;
-        let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
-        let byte_level = |use_regex: bool| {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-        };
-        let split = |re: &str| {
-            json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})
-        };
+        let pre = g
+            .get("tokenizer.ggml.pre")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+        let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
         const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
         const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
         let pre_tok = match pre {
             // SmolLM: digits one by one, then GPT-2's regex (llama.cpp LLAMA_VOCAB_PRE_TYPE_SMOLLM).
             "smollm" => json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-            "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+            "qwen2" => {
+                json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]})
+            }
             "llama-bpe" | "llama3" => {
                 json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
             }

@@ -17,7 +17,10 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("llada-hostile-formats-{}-{tag}", std::process::id()));
+        let p = std::env::temp_dir().join(format!(
+            "llada-hostile-formats-{}-{tag}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         Scratch(p)
@@ -36,7 +39,11 @@ impl Drop for Scratch {
 /// The error's message must name `path`.
 fn assert_names_path(e: &FormatError, path: &Path) {
     let msg = e.to_string();
-    assert!(msg.contains(&path.display().to_string()), "error does not name {}: {msg}", path.display());
+    assert!(
+        msg.contains(&path.display().to_string()),
+        "error does not name {}: {msg}",
+        path.display()
+    );
 }
 
 fn open_err(path: &Path, bytes: &[u8]) -> FormatError {
@@ -61,7 +68,15 @@ fn kvs() -> Vec<(&'static str, Value)> {
         ("general.architecture", Value::String("llama".into())),
         ("general.name", Value::String("hostile-test".into())),
         ("llama.block_count", Value::U32(2)),
-        ("tokenizer.ggml.tokens", Value::Array(TOKENS.iter().map(|s| Value::String(s.to_string())).collect())),
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(
+                TOKENS
+                    .iter()
+                    .map(|s| Value::String(s.to_string()))
+                    .collect(),
+            ),
+        ),
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("general.flag", Value::Bool(true)),
         ("general.big", Value::U64(1 << 40)),
@@ -70,7 +85,9 @@ fn kvs() -> Vec<(&'static str, Value)> {
 
 /// (name, row-major shape, type, data bytes).
 fn tensors() -> Vec<(&'static str, Vec<usize>, GgmlType, Vec<u8>)> {
-    let f32s: Vec<u8> = (0..15).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+    let f32s: Vec<u8> = (0..15)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
     let q8: Vec<u8> = (0..2 * 2 * 34).map(|i| (i * 7 % 251) as u8).collect();
     let q41: Vec<u8> = (0..20).map(|i| (i * 13 % 256) as u8).collect();
     vec![
@@ -143,7 +160,12 @@ fn layout() -> Layout {
         let start = pos;
         let ty_at = start + 8 + k.len();
         let end = ty_at + 4 + value_size(&v);
-        kl.push(KvLayout { key: k, start, ty_at, end });
+        kl.push(KvLayout {
+            key: k,
+            start,
+            ty_at,
+            end,
+        });
         pos = end;
     }
     let mut tl = Vec::new();
@@ -155,7 +177,16 @@ fn layout() -> Layout {
         let ty_at = dims_at + 8 * s.len();
         let off_at = ty_at + 4;
         let end = off_at + 8;
-        tl.push(TensorLayout { name: n, start, ndims_at, dims_at, ty_at, off_at, end, data: (rel, rel + d.len()) });
+        tl.push(TensorLayout {
+            name: n,
+            start,
+            ndims_at,
+            dims_at,
+            ty_at,
+            off_at,
+            end,
+            data: (rel, rel + d.len()),
+        });
         rel = (rel + d.len()).next_multiple_of(32);
         pos = end;
     }
@@ -163,7 +194,13 @@ fn layout() -> Layout {
     for t in &mut tl {
         t.data = (t.data.0 + data_offset, t.data.1 + data_offset);
     }
-    Layout { kvs: kl, tensors: tl, header_end: pos, data_offset, len: data_offset + rel }
+    Layout {
+        kvs: kl,
+        tensors: tl,
+        header_end: pos,
+        data_offset,
+        len: data_offset + rel,
+    }
 }
 
 fn put_u32(b: &mut [u8], at: usize, v: u32) {
@@ -193,7 +230,14 @@ fn valid_file_matches_layout() {
     assert_eq!(g.data_offset as usize, l.data_offset);
     assert_eq!(g.order, ["t.f32", "t.q8_0", "t.q4_1"]);
     assert_eq!(g.architecture().unwrap(), "llama");
-    let toks: Vec<&str> = g.get("tokenizer.ggml.tokens").unwrap().as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let toks: Vec<&str> = g
+        .get("tokenizer.ggml.tokens")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
     assert_eq!(toks, TOKENS);
     assert_eq!(g.get_u64("general.big").unwrap(), 1 << 40);
     for (t, (name, shape, ty, data)) in l.tensors.iter().zip(tensors()) {
@@ -206,7 +250,7 @@ fn valid_file_matches_layout() {
     // v2 files are accepted too.
     let mut v2 = bytes.clone();
     put_u32(&mut v2, 4, 2);
-    std::fs::write(&p, &v2).unwrap();
+    std::fs::write(&p, v2).unwrap();
     assert_eq!(GgufFile::open(&p).unwrap().version, 2);
 }
 
@@ -239,7 +283,10 @@ fn truncated_at_every_offset() {
         assert_names_path(&e, &p);
         let msg = e.to_string();
         if cut < 4 {
-            assert!(matches!(e, FormatError::BadMagic { .. }), "cut {cut}: {msg}");
+            assert!(
+                matches!(e, FormatError::BadMagic { .. }),
+                "cut {cut}: {msg}"
+            );
             continue;
         }
         match &e {
@@ -247,18 +294,27 @@ fn truncated_at_every_offset() {
             _ => panic!("cut {cut}: expected Truncated, got {msg}"),
         }
         // The message names the thing being read where there is one.
-        let expect: Option<String> = if let Some(k) = l.kvs.iter().find(|k| cut >= k.start && cut < k.end) {
-            Some(if cut < k.ty_at { "metadata key #".into() } else { format!("'{}'", k.key) })
-        } else if let Some(t) = l.tensors.iter().find(|t| cut >= t.start && cut < t.end) {
-            Some(if cut < t.ndims_at { "tensor name #".into() } else { format!("'{}'", t.name) })
-        } else if cut >= l.header_end && cut < l.data_offset {
-            Some("tensor data section".into())
-        } else if cut >= l.data_offset {
-            let t = l.tensors.iter().find(|t| t.data.1 > cut).unwrap();
-            Some(format!("data of tensor '{}'", t.name))
-        } else {
-            None // inside the fixed header (version / counts)
-        };
+        let expect: Option<String> =
+            if let Some(k) = l.kvs.iter().find(|k| (k.start..k.end).contains(&cut)) {
+                Some(if cut < k.ty_at {
+                    "metadata key #".into()
+                } else {
+                    format!("'{}'", k.key)
+                })
+            } else if let Some(t) = l.tensors.iter().find(|t| (t.start..t.end).contains(&cut)) {
+                Some(if cut < t.ndims_at {
+                    "tensor name #".into()
+                } else {
+                    format!("'{}'", t.name)
+                })
+            } else if (l.header_end..l.data_offset).contains(&cut) {
+                Some("tensor data section".into())
+            } else if cut >= l.data_offset {
+                let t = l.tensors.iter().find(|t| t.data.1 > cut).unwrap();
+                Some(format!("data of tensor '{}'", t.name))
+            } else {
+                None // inside the fixed header (version / counts)
+            };
         if let Some(x) = expect {
             assert!(msg.contains(&x), "cut {cut}: expected '{x}' in: {msg}");
         }
@@ -301,10 +357,15 @@ fn missing_file_and_directory() {
     let s = Scratch::new("missing");
     let p = s.path("nope.gguf");
     let e = GgufFile::open(&p).err().expect("missing file opened");
-    assert!(matches!(&e, FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound), "{e}");
+    assert!(
+        matches!(&e, FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        "{e}"
+    );
     assert_names_path(&e, &p);
     // A directory is not a GGUF file.
-    let e = GgufFile::open(&s.0).err().expect("directory opened as GGUF");
+    let e = GgufFile::open(&s.0)
+        .err()
+        .expect("directory opened as GGUF");
     assert_names_path(&e, &s.0);
 }
 
@@ -318,7 +379,10 @@ fn absurd_counts() {
             let mut b = good.clone();
             put_u64(&mut b, at, v);
             let e = open_err(&p, &b);
-            assert!(matches!(e, FormatError::Corrupt { .. }), "{what} = {v}: {e}");
+            assert!(
+                matches!(e, FormatError::Corrupt { .. }),
+                "{what} = {v}: {e}"
+            );
             assert!(e.to_string().contains("absurd header counts"), "{e}");
         }
         // Large but plausible: the reader runs into the following bytes and fails quickly
@@ -326,13 +390,25 @@ fn absurd_counts() {
         let mut b = good.clone();
         put_u64(&mut b, at, 1 << 24);
         let e = open_err(&p, &b);
-        assert!(matches!(e, FormatError::Truncated { .. } | FormatError::Corrupt { .. }), "{what} = 2^24: {e}");
+        assert!(
+            matches!(
+                e,
+                FormatError::Truncated { .. } | FormatError::Corrupt { .. }
+            ),
+            "{what} = 2^24: {e}"
+        );
     }
     // One tensor more than the header holds: the data section is read as a tensor info.
     let mut b = good.clone();
     put_u64(&mut b, 8, 4);
     let e = open_err(&p, &b);
-    assert!(matches!(e, FormatError::Truncated { .. } | FormatError::Corrupt { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            FormatError::Truncated { .. } | FormatError::Corrupt { .. }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -370,8 +446,17 @@ fn absurd_string_and_array_lengths() {
         let mut b = good.clone();
         put_u64(&mut b, tok.ty_at + 4 + 4, v);
         let e = open_err(&p, &b);
-        assert!(matches!(e, FormatError::Truncated { .. } | FormatError::Corrupt { .. }), "{e}");
-        assert!(e.to_string().contains("tokenizer.ggml.tokens"), "array len {v}: {e}");
+        assert!(
+            matches!(
+                e,
+                FormatError::Truncated { .. } | FormatError::Corrupt { .. }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("tokenizer.ggml.tokens"),
+            "array len {v}: {e}"
+        );
     }
     let mut b = good.clone();
     put_u64(&mut b, tok.ty_at + 4 + 4 + 8, u64::MAX);
@@ -393,30 +478,46 @@ fn bad_value_types_and_utf8() {
         let e = open_err(&p, &b);
         assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
         let msg = e.to_string();
-        assert!(msg.contains("'llama.block_count'") && msg.contains(&format!("unknown value type {t}")), "{msg}");
+        assert!(
+            msg.contains("'llama.block_count'") && msg.contains(&format!("unknown value type {t}")),
+            "{msg}"
+        );
     }
     // Unknown array element type.
     let mut b = good.clone();
     put_u32(&mut b, kv("tokenizer.ggml.tokens").ty_at + 4, 77);
     let e = open_err(&p, &b);
-    assert!(e.to_string().contains("'tokenizer.ggml.tokens' has unknown value type 77"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("'tokenizer.ggml.tokens' has unknown value type 77"),
+        "{e}"
+    );
 
     // Non-UTF-8 key, string value and tensor name.
     let mut b = good.clone();
     b[kv("general.name").start + 8] = 0xff;
     let e = open_err(&p, &b);
     assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
-    assert!(e.to_string().contains("metadata key #1 is not valid UTF-8"), "{e}");
+    assert!(
+        e.to_string().contains("metadata key #1 is not valid UTF-8"),
+        "{e}"
+    );
 
     let mut b = good.clone();
     b[kv("general.name").ty_at + 4 + 8] = 0xc3; // lone UTF-8 lead byte followed by ASCII
     let e = open_err(&p, &b);
-    assert!(e.to_string().contains("'general.name' is not valid UTF-8"), "{e}");
+    assert!(
+        e.to_string().contains("'general.name' is not valid UTF-8"),
+        "{e}"
+    );
 
     let mut b = good.clone();
     b[l.tensors[2].start + 8] = 0x80;
     let e = open_err(&p, &b);
-    assert!(e.to_string().contains("tensor name #2 is not valid UTF-8"), "{e}");
+    assert!(
+        e.to_string().contains("tensor name #2 is not valid UTF-8"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -424,19 +525,34 @@ fn nested_arrays_and_alignment_metadata() {
     let s = Scratch::new("nested");
     let p = s.path("n.gguf");
     // Four levels of arrays: rejected (bounded recursion), naming the key.
-    let deep = Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::U8(1)])])])]);
+    let deep = Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::Array(
+        vec![Value::U8(1)],
+    )])])]);
     let mut w = GgufWriter::new();
     w.kv("deep.key", deep);
     let e = open_err(&p, &w.to_bytes());
-    assert!(e.to_string().contains("'deep.key': arrays nested too deeply"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("'deep.key': arrays nested too deeply"),
+        "{e}"
+    );
     // Three levels are fine.
-    let ok = Value::Array(vec![Value::Array(vec![Value::Array(vec![Value::U8(1), Value::U8(2)])])]);
+    let ok = Value::Array(vec![Value::Array(vec![Value::Array(vec![
+        Value::U8(1),
+        Value::U8(2),
+    ])])]);
     let mut w = GgufWriter::new();
     w.kv("ok.key", ok.clone());
     w.write(&p).unwrap();
     assert_eq!(GgufFile::open(&p).unwrap().get("ok.key"), Some(&ok));
 
-    for a in [Value::U32(0), Value::U32(3), Value::U32(1 << 20), Value::String("32".into()), Value::I32(-32)] {
+    for a in [
+        Value::U32(0),
+        Value::U32(3),
+        Value::U32(1 << 20),
+        Value::String("32".into()),
+        Value::I32(-32),
+    ] {
         let mut w = valid_writer();
         w.kv("general.alignment", a.clone());
         let e = open_err(&p, &w.to_bytes());
@@ -461,16 +577,30 @@ fn bad_tensor_infos() {
         put_u32(&mut b, t1.ndims_at, nd);
         let e = open_err(&p, &b);
         assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
-        assert!(e.to_string().contains(&format!("tensor 't.q8_0' has {nd} dimensions")), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("tensor 't.q8_0' has {nd} dimensions")),
+            "{e}"
+        );
     }
     // Dimensions whose product overflows u64, is absurd, or is zero.
-    for (d0, d1) in [(1u64 << 32, 1u64 << 32), (u64::MAX, 3), (1 << 20, 1 << 20), (0, 3), (5, 0)] {
+    for (d0, d1) in [
+        (1u64 << 32, 1u64 << 32),
+        (u64::MAX, 3),
+        (1 << 20, 1 << 20),
+        (0, 3),
+        (5, 0),
+    ] {
         let mut b = good.clone();
         put_u64(&mut b, t0.dims_at, d0);
         put_u64(&mut b, t0.dims_at + 8, d1);
         let e = open_err(&p, &b);
         assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
-        assert!(e.to_string().contains("tensor 't.f32' has absurd dimensions"), "dims {d0}x{d1}: {e}");
+        assert!(
+            e.to_string()
+                .contains("tensor 't.f32' has absurd dimensions"),
+            "dims {d0}x{d1}: {e}"
+        );
     }
     // Plausible dims that need more bytes than the file holds.
     let mut b = good.clone();
@@ -482,7 +612,11 @@ fn bad_tensor_infos() {
     let mut b = good.clone();
     put_u64(&mut b, t1.dims_at, 48);
     let e = open_err(&p, &b);
-    assert!(e.to_string().contains("tensor 't.q8_0': row length 48 is not a multiple"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("tensor 't.q8_0': row length 48 is not a multiple"),
+        "{e}"
+    );
     // Unknown / unsupported ggml type ids.
     for ty in [200u32, 4, 5, 6, 16, u32::MAX] {
         let mut b = good.clone();
@@ -496,12 +630,23 @@ fn bad_tensor_infos() {
         }
     }
     // Offset past the end of the file, and offsets that overflow when added to the data start.
-    for off in [1u64 << 20, (l.len - l.data_offset) as u64, u64::MAX - 31, 1 << 63] {
+    for off in [
+        1u64 << 20,
+        (l.len - l.data_offset) as u64,
+        u64::MAX - 31,
+        1 << 63,
+    ] {
         let mut b = good.clone();
         put_u64(&mut b, t2.off_at, off);
         let e = open_err(&p, &b);
-        assert!(matches!(e, FormatError::Truncated { .. }), "offset {off}: {e}");
-        assert!(e.to_string().contains("data of tensor 't.q4_1'"), "offset {off}: {e}");
+        assert!(
+            matches!(e, FormatError::Truncated { .. }),
+            "offset {off}: {e}"
+        );
+        assert!(
+            e.to_string().contains("data of tensor 't.q4_1'"),
+            "offset {off}: {e}"
+        );
     }
     // Offset not aligned.
     for off in [1u64, 33, 224 + 16] {
@@ -509,7 +654,12 @@ fn bad_tensor_infos() {
         put_u64(&mut b, t2.off_at, off);
         let e = open_err(&p, &b);
         assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
-        assert!(e.to_string().contains(&format!("tensor 't.q4_1' offset {off} is not aligned to 32")), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "tensor 't.q4_1' offset {off} is not aligned to 32"
+            )),
+            "{e}"
+        );
     }
     // Duplicate tensor names (two ways: writer, and patching a name in place).
     let mut w = valid_writer();
@@ -551,7 +701,9 @@ fn huge_array_in_sparse_file() {
         return;
     }
     drop(f);
-    let e = GgufFile::open(&p).err().expect("2^34-element array accepted");
+    let e = GgufFile::open(&p)
+        .err()
+        .expect("2^34-element array accepted");
     assert_names_path(&e, &p);
     assert!(e.to_string().contains("'a.big'"), "{e}");
 }
@@ -562,12 +714,15 @@ fn huge_array_in_sparse_file() {
 
 struct Lcg(u64);
 impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -584,20 +739,24 @@ fn fuzz_mutated_headers() {
         let mut b = good.clone();
         for _ in 0..1 + rng.below(4) {
             // Mostly the header; sometimes anywhere.
-            let at = if rng.below(10) < 9 { rng.below(l.header_end) } else { rng.below(b.len()) };
+            let at = if rng.below(10) < 9 {
+                rng.below(l.header_end)
+            } else {
+                rng.below(b.len())
+            };
             match rng.below(6) {
                 0 => b[at] ^= 1 << rng.below(8),
-                1 => b[at] = rng.next() as u8,
+                1 => b[at] = rng.next_u64() as u8,
                 2 => b[at] = 0xff,
                 3 => b[at] = 0,
                 4 => {
                     // A whole extreme u64 (counts, lengths, dims, offsets are u64s).
-                    let v = [0u64, 1, u64::MAX, 1 << 63, 1 << 32, rng.next()][rng.below(6)];
+                    let v = [0u64, 1, u64::MAX, 1 << 63, 1 << 32, rng.next_u64()][rng.below(6)];
                     let at = at.min(b.len() - 8);
                     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
                 }
                 _ => {
-                    let v = rng.next() as u32 % 40;
+                    let v = rng.next_u64() as u32 % 40;
                     let at = at.min(b.len() - 4);
                     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
                 }
@@ -615,13 +774,20 @@ fn fuzz_mutated_headers() {
                     let v = g.require(&name).unwrap();
                     assert!(v.offset + v.len <= b.len(), "tensor '{name}' out of bounds");
                     let numel: u64 = v.shape.iter().map(|&d| d as u64).product();
-                    assert_eq!(Some(v.len as u64), v.ty.bytes_for(numel), "tensor '{name}' size");
+                    assert_eq!(
+                        Some(v.len as u64),
+                        v.ty.bytes_for(numel),
+                        "tensor '{name}' size"
+                    );
                     assert_eq!(v.bytes().len(), v.len);
                 }
                 true
             }
             Err(e) => {
-                assert!(e.to_string().contains(&p.display().to_string()), "error does not name the file: {e}");
+                assert!(
+                    e.to_string().contains(&p.display().to_string()),
+                    "error does not name the file: {e}"
+                );
                 false
             }
         });
@@ -631,13 +797,19 @@ fn fuzz_mutated_headers() {
             Err(_) => {
                 let dump = s.path(&format!("crash-{it}.gguf"));
                 std::fs::copy(&p, &dump).unwrap();
-                panic!("iteration {it}: GgufFile::open panicked (input kept at {})", dump.display());
+                panic!(
+                    "iteration {it}: GgufFile::open panicked (input kept at {})",
+                    dump.display()
+                );
             }
         }
     }
     eprintln!("fuzz: {oks} opened, {errs} rejected");
     assert_eq!(oks + errs, iters);
-    assert!(oks > 0 && errs > iters / 2, "fuzzer is not exercising both paths: {oks} ok, {errs} err");
+    assert!(
+        oks > 0 && errs > iters / 2,
+        "fuzzer is not exercising both paths: {oks} ok, {errs} err"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -676,7 +848,10 @@ fn hf_dir(tag: &str, shards: &[(&str, Vec<u8>)]) -> Scratch {
 }
 
 fn two_tensors() -> Vec<u8> {
-    safetensors_bytes(&[("a.weight", "F16", vec![2, 4], vec![0u8; 16]), ("b.weight", "F32", vec![3], vec![0u8; 12])])
+    safetensors_bytes(&[
+        ("a.weight", "F16", vec![2, 4], vec![0u8; 16]),
+        ("b.weight", "F32", vec![3], vec![0u8; 12]),
+    ])
 }
 
 fn hf_err(dir: &Path) -> FormatError {
@@ -693,8 +868,13 @@ fn hf_valid_dir_opens() {
     assert_eq!(h.names(), ["a.weight", "b.weight"]);
     assert_eq!(h.config["hidden_size"], 8);
     let a = h.require("a.weight").unwrap();
-    assert_eq!((a.ty, a.shape.clone(), a.len), (GgmlType::F16, vec![2, 4], 16));
-    assert!(matches!(h.require("c.weight"), Err(FormatError::MissingTensor { tensor, .. }) if tensor == "c.weight"));
+    assert_eq!(
+        (a.ty, a.shape.clone(), a.len),
+        (GgmlType::F16, vec![2, 4], 16)
+    );
+    assert!(
+        matches!(h.require("c.weight"), Err(FormatError::MissingTensor { tensor, .. }) if tensor == "c.weight")
+    );
 }
 
 #[test]
@@ -743,25 +923,37 @@ fn hf_corrupt_safetensors() {
     let header = std::str::from_utf8(&good[8..8 + hlen]).unwrap().to_string();
     let data = good[8 + hlen..].to_vec();
 
-    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
-    cases.push(("empty file", vec![]));
-    cases.push(("shorter than the length prefix", vec![1, 2, 3]));
-    let mut b = good.clone();
-    b[..8].copy_from_slice(&(good.len() as u64).to_le_bytes());
-    cases.push(("header length larger than the file", b));
-    let mut b = good.clone();
-    b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-    cases.push(("header length u64::MAX", b));
-    cases.push(("header not JSON", raw_safetensors(&"x".repeat(header.len()), &data)));
-    let mut b = good.clone();
-    b[8] = 0xff;
-    cases.push(("header not UTF-8", b));
-    cases.push(("data_offsets past the end", raw_safetensors(&header.replace("[16,28]", "[16,4000]"), &data)));
-    cases.push(("data_offsets overlapping", raw_safetensors(&header.replace("[16,28]", "[8,20]"), &data)));
-    cases.push(("shape disagrees with data_offsets", raw_safetensors(&header.replace("[3]", "[4]"), &data)));
-    cases.push(("shape overflows", raw_safetensors(&header.replace("[3]", "[18446744073709551615,2]"), &data)));
-    cases.push(("data section truncated", good[..good.len() - 1].to_vec()));
-    cases.push(("trailing garbage", [good.clone(), vec![0u8; 5]].concat()));
+    let with_len = |n: u64| {
+        let mut b = good.clone();
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        b
+    };
+    let mut not_utf8 = good.clone();
+    not_utf8[8] = 0xff;
+    let patched = |from: &str, to: &str| raw_safetensors(&header.replace(from, to), &data);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty file", vec![]),
+        ("shorter than the length prefix", vec![1, 2, 3]),
+        (
+            "header length larger than the file",
+            with_len(good.len() as u64),
+        ),
+        ("header length u64::MAX", with_len(u64::MAX)),
+        (
+            "header not JSON",
+            raw_safetensors(&"x".repeat(header.len()), &data),
+        ),
+        ("header not UTF-8", not_utf8),
+        ("data_offsets past the end", patched("[16,28]", "[16,4000]")),
+        ("data_offsets overlapping", patched("[16,28]", "[8,20]")),
+        ("shape disagrees with data_offsets", patched("[3]", "[4]")),
+        (
+            "shape overflows",
+            patched("[3]", "[18446744073709551615,2]"),
+        ),
+        ("data section truncated", good[..good.len() - 1].to_vec()),
+        ("trailing garbage", [good.clone(), vec![0u8; 5]].concat()),
+    ];
 
     for (what, bytes) in cases {
         let s = hf_dir("hf-corrupt", &[("model.safetensors", bytes)]);
@@ -783,7 +975,10 @@ fn hf_unsupported_dtype_names_tensor() {
             "I32" => 4,
             _ => 1,
         };
-        let st = safetensors_bytes(&[("a.weight", "F16", vec![2], vec![0u8; 4]), ("pos.ids", dt, vec![3], vec![0u8; 3 * size])]);
+        let st = safetensors_bytes(&[
+            ("a.weight", "F16", vec![2], vec![0u8; 4]),
+            ("pos.ids", dt, vec![3], vec![0u8; 3 * size]),
+        ]);
         let s = hf_dir("hf-dtype", &[("model.safetensors", st)]);
         match hf_err(&s.0) {
             FormatError::UnsupportedType { path, tensor, ty } => {
@@ -797,11 +992,16 @@ fn hf_unsupported_dtype_names_tensor() {
     // An unknown dtype string is a header error.
     let st = safetensors_bytes(&[("a.weight", "Q4", vec![2], vec![0u8; 4])]);
     let s = hf_dir("hf-dtype", &[("model.safetensors", st)]);
-    assert!(matches!(hf_err(&s.0), FormatError::Corrupt { path, .. } if path == s.path("model.safetensors")));
+    assert!(
+        matches!(hf_err(&s.0), FormatError::Corrupt { path, .. } if path == s.path("model.safetensors"))
+    );
 }
 
 fn index_json(map: &[(&str, &str)]) -> String {
-    let m: serde_json::Map<String, serde_json::Value> = map.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+    let m: serde_json::Map<String, serde_json::Value> = map
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect();
     serde_json::json!({"metadata": {}, "weight_map": m}).to_string()
 }
 
@@ -809,11 +1009,18 @@ fn index_json(map: &[(&str, &str)]) -> String {
 fn hf_sharded() {
     let shard1 = safetensors_bytes(&[("a.weight", "F32", vec![2], vec![0u8; 8])]);
     let shard2 = safetensors_bytes(&[("b.weight", "F32", vec![2], vec![0u8; 8])]);
-    let (n1, n2) = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors");
+    let (n1, n2) = (
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    );
 
     // Valid.
     let s = hf_dir("hf-shards", &[(n1, shard1.clone()), (n2, shard2.clone())]);
-    std::fs::write(s.path("model.safetensors.index.json"), index_json(&[("a.weight", n1), ("b.weight", n2)])).unwrap();
+    std::fs::write(
+        s.path("model.safetensors.index.json"),
+        index_json(&[("a.weight", n1), ("b.weight", n2)]),
+    )
+    .unwrap();
     assert_eq!(HfDir::open(&s.0).unwrap().names(), ["a.weight", "b.weight"]);
 
     // A shard that does not exist.
@@ -827,8 +1034,18 @@ fn hf_sharded() {
     }
 
     // Shard names escaping the directory.
-    for evil in ["../model.safetensors", "/etc/passwd", "sub/x.safetensors", "..\\x.safetensors", ".."] {
-        std::fs::write(s.path("model.safetensors.index.json"), index_json(&[("a.weight", n1), ("b.weight", evil)])).unwrap();
+    for evil in [
+        "../model.safetensors",
+        "/etc/passwd",
+        "sub/x.safetensors",
+        "..\\x.safetensors",
+        "..",
+    ] {
+        std::fs::write(
+            s.path("model.safetensors.index.json"),
+            index_json(&[("a.weight", n1), ("b.weight", evil)]),
+        )
+        .unwrap();
         match hf_err(&s.0) {
             FormatError::Corrupt { path, what } => {
                 assert_eq!(path, s.path("model.safetensors.index.json"));
@@ -840,7 +1057,9 @@ fn hf_sharded() {
 
     // Invalid index JSON; no weight_map.
     std::fs::write(s.path("model.safetensors.index.json"), "{\"weight_map\": [").unwrap();
-    assert!(matches!(hf_err(&s.0), FormatError::Corrupt { path, .. } if path == s.path("model.safetensors.index.json")));
+    assert!(
+        matches!(hf_err(&s.0), FormatError::Corrupt { path, .. } if path == s.path("model.safetensors.index.json"))
+    );
     std::fs::write(s.path("model.safetensors.index.json"), "{\"metadata\": {}}").unwrap();
     match hf_err(&s.0) {
         FormatError::Metadata { path, key, .. } => {
@@ -851,9 +1070,17 @@ fn hf_sharded() {
     }
 
     // The same tensor in two shards.
-    std::fs::write(s.path(n2), &shard1).unwrap();
-    std::fs::write(s.path("model.safetensors.index.json"), index_json(&[("a.weight", n1), ("b.weight", n2)])).unwrap();
+    std::fs::write(s.path(n2), shard1).unwrap();
+    std::fs::write(
+        s.path("model.safetensors.index.json"),
+        index_json(&[("a.weight", n1), ("b.weight", n2)]),
+    )
+    .unwrap();
     let e = hf_err(&s.0);
     assert!(matches!(e, FormatError::Corrupt { .. }), "{e}");
-    assert!(e.to_string().contains("tensor 'a.weight' appears in two shards"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("tensor 'a.weight' appears in two shards"),
+        "{e}"
+    );
 }

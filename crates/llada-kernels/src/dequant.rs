@@ -197,8 +197,16 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
                 let mut ls = [0u8; 8];
                 let mut lm = [0u8; 8];
                 for j in 0..8 {
-                    ls[j] = if d > 0.0 { (scales[j] / d).round().min(63.0) as u8 } else { 0 };
-                    lm[j] = if dmin > 0.0 { (mins[j] / dmin).round().min(63.0) as u8 } else { 0 };
+                    ls[j] = if d > 0.0 {
+                        (scales[j] / d).round().min(63.0) as u8
+                    } else {
+                        0
+                    };
+                    lm[j] = if dmin > 0.0 {
+                        (mins[j] / dmin).round().min(63.0) as u8
+                    } else {
+                        0
+                    };
                 }
                 let mut sc = [0u8; 12];
                 for j in 0..8 {
@@ -222,7 +230,11 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
                     let dm = dmin16.to_f32() * lm[j] as f32;
                     for l in 0..32 {
                         let v = sb[32 * j + l];
-                        let qi = if ds > 0.0 { ((v + dm) / ds).round() } else { 0.0 };
+                        let qi = if ds > 0.0 {
+                            ((v + dm) / ds).round()
+                        } else {
+                            0.0
+                        };
                         q[32 * j + l] = qi.clamp(0.0, 15.0) as u8;
                     }
                 }
@@ -244,7 +256,9 @@ mod tests {
 
     #[test]
     fn roundtrip_error_is_small() {
-        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
         for (ty, tol) in [
             (GgmlType::Q8_0, 0.02),
             (GgmlType::Q4_0, 0.3),
@@ -255,7 +269,11 @@ mod tests {
             let q = quantize(ty, &x).unwrap();
             let mut y = vec![0f32; x.len()];
             dequantize(ty, &q, &mut y);
-            let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let err = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(err < tol, "{ty}: max error {err}");
         }
     }

@@ -92,23 +92,42 @@ fn h2f(b: &[u8], o: usize) -> f32 {
 impl QMatrix {
     /// Types with a kernel.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K
+        )
     }
 
     /// Repack `owner[offset..]`, a `rows × cols` matrix of type `ty` in GGML layout.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, owner: ByteOwner, offset: usize) -> Result<Self, QMatrixError> {
+    pub fn new(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        owner: ByteOwner,
+        offset: usize,
+    ) -> Result<Self, QMatrixError> {
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
         if cols % ty.block_elems() != 0 || cols == 0 {
-            return Err(QMatrixError::BadCols { ty, block: ty.block_elems(), cols });
+            return Err(QMatrixError::BadCols {
+                ty,
+                block: ty.block_elems(),
+                cols,
+            });
         }
         let src_row = cols / ty.block_elems() * ty.block_bytes();
         let expected = rows * src_row;
         let all: &[u8] = (*owner).as_ref();
         let have = all.len().saturating_sub(offset);
         if have < expected {
-            return Err(QMatrixError::BadLength { ty, rows, cols, expected, have });
+            return Err(QMatrixError::BadLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                have,
+            });
         }
         let src = &all[offset..offset + expected];
         let kind = match ty {
@@ -161,7 +180,8 @@ impl QMatrix {
                             }
                             rest[4 * b..4 * b + 4].copy_from_slice(&(d * sc as f32).to_le_bytes());
                             let m = -(dmin * mn as f32);
-                            rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4].copy_from_slice(&m.to_le_bytes());
+                            rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4]
+                                .copy_from_slice(&m.to_le_bytes());
                         }
                     }
                 }
@@ -175,17 +195,35 @@ impl QMatrix {
                 }
             }
         }
-        Ok(Self { ty, kind, rows, cols, nb, nbp, stride, data: Arc::new(data) })
+        Ok(Self {
+            ty,
+            kind,
+            rows,
+            cols,
+            nb,
+            nbp,
+            stride,
+            data: Arc::new(data),
+        })
     }
 
     /// Quantize a dense row-major `rows × cols` f32 matrix.
-    pub fn quantize(ty: GgmlType, rows: usize, cols: usize, w: &[f32]) -> Result<Self, QMatrixError> {
+    pub fn quantize(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        w: &[f32],
+    ) -> Result<Self, QMatrixError> {
         assert_eq!(w.len(), rows * cols);
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
         if cols % ty.block_elems() != 0 {
-            return Err(QMatrixError::BadCols { ty, block: ty.block_elems(), cols });
+            return Err(QMatrixError::BadCols {
+                ty,
+                block: ty.block_elems(),
+                cols,
+            });
         }
         let bytes = crate::dequant::quantize(ty, w).ok_or(QMatrixError::UnsupportedType(ty))?;
         Self::new(ty, rows, cols, Arc::new(bytes), 0)
@@ -195,7 +233,10 @@ impl QMatrix {
     /// projections reading the same input (q/k/v, gate/up) run as one kernel call.
     pub fn concat_rows(parts: &[&QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.kind != first.kind || p.cols != first.cols || p.stride != first.stride) {
+        if parts
+            .iter()
+            .any(|p| p.kind != first.kind || p.cols != first.cols || p.stride != first.stride)
+        {
             return None;
         }
         let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
@@ -250,7 +291,9 @@ impl QMatrix {
                     }
                     Kind::Q4DM16 => (h2f(row, o + 2 * b), h2f(row, o + 2 * self.nbp + 2 * b)),
                     _ => {
-                        let f = |p: usize| f32::from_le_bytes([row[p], row[p + 1], row[p + 2], row[p + 3]]);
+                        let f = |p: usize| {
+                            f32::from_le_bytes([row[p], row[p + 1], row[p + 2], row[p + 3]])
+                        };
                         (f(o + 4 * b), f(o + 4 * self.nbp + 4 * b))
                     }
                 }
@@ -289,8 +332,16 @@ impl QMatrix {
     /// matrices that read the same input and want the same layout).
     pub fn matmul_q(&self, x: &QuantizedActs, out: &mut [f32]) {
         assert_eq!(x.k, self.cols, "matmul: inner dimensions differ");
-        assert_eq!(x.layout, self.act_layout(), "matmul: activation layout mismatch");
-        assert_eq!(out.len(), x.m * self.rows, "matmul: output has the wrong size");
+        assert_eq!(
+            x.layout,
+            self.act_layout(),
+            "matmul: activation layout mismatch"
+        );
+        assert_eq!(
+            out.len(),
+            x.m * self.rows,
+            "matmul: output has the wrong size"
+        );
         let n = self.rows;
         let threads = rayon::current_num_threads().max(1);
         let work = x.m * n * self.cols;
@@ -305,7 +356,9 @@ impl QMatrix {
         if threads == 1 || work < 1 << 15 {
             run_serial(n, chunk, run);
         } else {
-            (0..n.div_ceil(chunk)).into_par_iter().for_each(|i| run(i * chunk));
+            (0..n.div_ceil(chunk))
+                .into_par_iter()
+                .for_each(|i| run(i * chunk));
         }
     }
 
@@ -404,7 +457,16 @@ impl QuantizedActs {
                 }
             }
         }
-        Self { m, k, layout, qstride, nbp, qs, d, s }
+        Self {
+            m,
+            k,
+            layout,
+            qstride,
+            nbp,
+            qs,
+            d,
+            s,
+        }
     }
 
     /// Value `l` (0..32) of block `b` of row `i`.
@@ -443,7 +505,9 @@ mod simd {
         use std::sync::OnceLock;
         static OK: OnceLock<bool> = OnceLock::new();
         *OK.get_or_init(|| {
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
         })
     }
 
@@ -470,7 +534,13 @@ mod simd {
     /// 4-bit tile. T: 0 = f16 d with offset −8d; 1 = f16 d, m; 2 = f32 d, m.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(w: &QMatrix, x: &QuantizedActs, n: usize, i: usize, out: *mut f32) {
+    unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
+        w: &QMatrix,
+        x: &QuantizedActs,
+        n: usize,
+        i: usize,
+        out: *mut f32,
+    ) {
         let nbe = w.nb.next_multiple_of(2);
         let sb = if T == 2 { 4 } else { 2 };
         let base = w.data.as_ptr().add(n * w.stride);
@@ -503,7 +573,16 @@ mod simd {
                     break;
                 }
                 // Lanes 0-3 take block b's scale, lanes 4-7 block b+1's.
-                let idx = _mm256_setr_epi32(2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1);
+                let idx = _mm256_setr_epi32(
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                );
                 for r in 0..NR {
                     let qv = _mm256_loadu_si256(base.add(r * w.stride + b * 16) as *const __m256i);
                     let lo = _mm256_and_si256(qv, m4);
@@ -513,7 +592,10 @@ mod simd {
                         let xp = x.qs.as_ptr().add((i + c) * x.qstride + b * 32);
                         let xlo = _mm256_loadu_si256(xp as *const __m256i);
                         let xhi = _mm256_loadu_si256(xp.add(32) as *const __m256i);
-                        let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+                        let s16 = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, xlo),
+                            _mm256_maddubs_epi16(hi, xhi),
+                        );
                         let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
                         let sc = _mm256_mul_ps(sw, _mm256_permutevar8x32_ps(dx[c], idx));
                         acc[r][c] = _mm256_fmadd_ps(f, sc, acc[r][c]);
@@ -531,7 +613,13 @@ mod simd {
     /// 8-bit tile (Q8_0): sign trick, one block at a time.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile8<const NR: usize, const MR: usize>(w: &QMatrix, x: &QuantizedActs, n: usize, i: usize, out: *mut f32) {
+    unsafe fn tile8<const NR: usize, const MR: usize>(
+        w: &QMatrix,
+        x: &QuantizedActs,
+        n: usize,
+        i: usize,
+        out: *mut f32,
+    ) {
         let base = w.data.as_ptr().add(n * w.stride);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); MR]; NR];
@@ -551,10 +639,18 @@ mod simd {
                     let aw = _mm256_sign_epi8(wv, wv);
                     let sw = _mm256_permutevar8x32_ps(dv[r], idx);
                     for c in 0..MR {
-                        let xv = _mm256_loadu_si256(x.qs.as_ptr().add((i + c) * x.qstride + b * 32) as *const __m256i);
+                        let xv = _mm256_loadu_si256(
+                            x.qs.as_ptr().add((i + c) * x.qstride + b * 32) as *const __m256i,
+                        );
                         let xs = _mm256_sign_epi8(xv, wv);
-                        let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
-                        let sc = _mm256_mul_ps(sw, _mm256_broadcast_ss(&*x.d.as_ptr().add((i + c) * x.nbp + b)));
+                        let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                            _mm256_maddubs_epi16(aw, xs),
+                            ones,
+                        ));
+                        let sc = _mm256_mul_ps(
+                            sw,
+                            _mm256_broadcast_ss(&*x.d.as_ptr().add((i + c) * x.nbp + b)),
+                        );
                         acc[r][c] = _mm256_fmadd_ps(f, sc, acc[r][c]);
                     }
                 }
@@ -564,6 +660,23 @@ mod simd {
             for c in 0..MR {
                 *out.add((i + c) * w.rows + n + r) = hsum(acc[r][c]);
             }
+        }
+    }
+
+    /// Prefetch `count` packed rows starting at `row` (clamped to the matrix) into L1/L2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prefetch_rows(w: &QMatrix, row: usize, count: usize) {
+        let end = (row + count).min(w.rows);
+        if row >= end {
+            return;
+        }
+        let p = w.data.as_ptr().add(row * w.stride);
+        let bytes = (end - row) * w.stride;
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch(p.add(o) as *const i8, _MM_HINT_T0);
+            o += 64;
         }
     }
 
@@ -582,6 +695,9 @@ mod simd {
                     let mut n = nb0;
                     if mr == 1 {
                         while n + 4 <= nb1 {
+                            // Decoding streams each row once: fetch rows two tiles ahead so
+                            // short rows (K ≈ 600) do not each pay a DRAM round trip.
+                            prefetch_rows(w, n + 8, 4);
                             $tile::<$($t,)? 4, 1>(w, x, n, i, out);
                             n += 4;
                         }
@@ -612,7 +728,13 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn range4<const T: u8>(w: &QMatrix, x: &QuantizedActs, n0: usize, n1: usize, out: *mut f32) {
+    pub unsafe fn range4<const T: u8>(
+        w: &QMatrix,
+        x: &QuantizedActs,
+        n0: usize,
+        n1: usize,
+        out: *mut f32,
+    ) {
         drive!(w, x, n0, n1, out, tile4::<T>)
     }
 
@@ -659,7 +781,10 @@ mod tests {
         for r in 0..n {
             q.dequantize_row(r, &mut row);
             for (a, b) in row.iter().zip(&wd[r * k..(r + 1) * k]) {
-                assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{ty}: packed {a} vs ggml {b}");
+                assert!(
+                    (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                    "{ty}: packed {a} vs ggml {b}"
+                );
             }
         }
         let mut got = vec![0f32; m * n];
@@ -668,19 +793,27 @@ mod tests {
         let mut max_ref = 0f64;
         for i in 0..m {
             for j in 0..n {
-                let r: f64 = (0..k).map(|l| x[i * k + l] as f64 * wd[j * k + l] as f64).sum();
+                let r: f64 = (0..k)
+                    .map(|l| x[i * k + l] as f64 * wd[j * k + l] as f64)
+                    .sum();
                 max_err = max_err.max((r - got[i * n + j] as f64).abs());
                 max_ref = max_ref.max(r.abs());
             }
         }
         // 8-bit activations: relative error of a K-term dot product stays around 1%.
-        assert!(max_err / max_ref < 0.02, "{ty} m={m} n={n} k={k}: max err {max_err} vs max {max_ref}");
+        assert!(
+            max_err / max_ref < 0.02,
+            "{ty} m={m} n={n} k={k}: max err {max_err} vs max {max_ref}"
+        );
         // The portable path must agree with the SIMD path on the same quantized activations.
         let acts = QuantizedActs::quantize(&x, m, k, q.act_layout());
         let mut port = vec![0f32; m * n];
         unsafe { portable_range(&q, &acts, 0, n, port.as_mut_ptr()) };
         for (a, b) in port.iter().zip(&got) {
-            assert!((a - b).abs() <= 1e-3 * (1.0 + a.abs()), "{ty}: portable {a} vs simd {b}");
+            assert!(
+                (a - b).abs() <= 1e-3 * (1.0 + a.abs()),
+                "{ty}: portable {a} vs simd {b}"
+            );
         }
     }
 
@@ -688,7 +821,14 @@ mod tests {
     fn qmatmul_matches_dequantized_reference() {
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
             // k = 32·odd exercises the zero-padded last pair and partial scale groups.
-            for (m, n, k) in [(1, 3, 96), (3, 17, 576), (4, 8, 512), (9, 33, 160), (13, 64, 512), (1, 40, 1536)] {
+            for (m, n, k) in [
+                (1, 3, 96),
+                (3, 17, 576),
+                (4, 8, 512),
+                (9, 33, 160),
+                (13, 64, 512),
+                (1, 40, 1536),
+            ] {
                 check(ty, m, n, k);
             }
         }

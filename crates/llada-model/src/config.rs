@@ -70,7 +70,11 @@ impl ModelConfig {
             + d * self.kv_dim() as u64 * 2
             + 3 * d * self.ffn as u64
             + 2 * d
-            + if self.qkv_bias { (self.q_dim() + 2 * self.kv_dim()) as u64 } else { 0 };
+            + if self.qkv_bias {
+                (self.q_dim() + 2 * self.kv_dim()) as u64
+            } else {
+                0
+            };
         let emb = self.vocab as u64 * d;
         per_layer * self.n_layers as u64 + emb + if self.tied_embeddings { 0 } else { emb } + d
     }
@@ -81,9 +85,16 @@ impl ModelConfig {
             return Err(bad(format!("absurd layer count {}", self.n_layers)));
         }
         if self.d_model == 0 || self.d_model > 1 << 16 || self.ffn == 0 || self.ffn > 1 << 18 {
-            return Err(bad(format!("absurd widths d_model={} ffn={}", self.d_model, self.ffn)));
+            return Err(bad(format!(
+                "absurd widths d_model={} ffn={}",
+                self.d_model, self.ffn
+            )));
         }
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || self.n_heads > 1 << 12
+            || self.n_heads % self.n_kv_heads != 0
+        {
             return Err(bad(format!(
                 "head counts {} / {} kv are inconsistent",
                 self.n_heads, self.n_kv_heads
@@ -99,7 +110,10 @@ impl ModelConfig {
             return Err(bad("context length is 0".into()));
         }
         if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_theta > 1.0) {
-            return Err(bad(format!("invalid eps {} or rope theta {}", self.rms_eps, self.rope_theta)));
+            return Err(bad(format!(
+                "invalid eps {} or rope theta {}",
+                self.rms_eps, self.rope_theta
+            )));
         }
         Ok(self)
     }
@@ -200,7 +214,9 @@ impl ModelConfig {
             cfg.get(key)
                 .and_then(J::as_u64)
                 .map(|v| v as usize)
-                .ok_or_else(|| FormatError::metadata(path, key, " is missing or not an integer").into())
+                .ok_or_else(|| {
+                    FormatError::metadata(path, key, " is missing or not an integer").into()
+                })
         };
         let opt_u = |key: &str| cfg.get(key).and_then(J::as_u64);
         let opt_f = |key: &str| cfg.get(key).and_then(J::as_f64);
@@ -219,9 +235,18 @@ impl ModelConfig {
                 rope_theta: opt_f("rope_theta").unwrap_or(10000.0),
                 rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-5),
                 max_ctx: opt_u("max_sequence_length").unwrap_or(4096) as usize,
-                qkv_bias: cfg.get("include_bias").and_then(J::as_bool).unwrap_or(false)
-                    || cfg.get("include_qkv_bias").and_then(J::as_bool).unwrap_or(false),
-                tied_embeddings: cfg.get("weight_tying").and_then(J::as_bool).unwrap_or(false),
+                qkv_bias: cfg
+                    .get("include_bias")
+                    .and_then(J::as_bool)
+                    .unwrap_or(false)
+                    || cfg
+                        .get("include_qkv_bias")
+                        .and_then(J::as_bool)
+                        .unwrap_or(false),
+                tied_embeddings: cfg
+                    .get("weight_tying")
+                    .and_then(J::as_bool)
+                    .unwrap_or(false),
                 shift_logits: false,
                 mask_id: Some(opt_u("mask_token_id").unwrap_or(126336) as u32),
                 bos_id: opt_u("bos_token_id").map(|v| v as u32),
@@ -235,15 +260,22 @@ impl ModelConfig {
                 n_layers: get("num_hidden_layers")?,
                 d_model,
                 n_heads,
-                n_kv_heads: opt_u("num_key_value_heads").map(|v| v as usize).unwrap_or(n_heads),
-                head_dim: opt_u("head_dim").map(|v| v as usize).unwrap_or(d_model / n_heads.max(1)),
+                n_kv_heads: opt_u("num_key_value_heads")
+                    .map(|v| v as usize)
+                    .unwrap_or(n_heads),
+                head_dim: opt_u("head_dim")
+                    .map(|v| v as usize)
+                    .unwrap_or(d_model / n_heads.max(1)),
                 ffn: get("intermediate_size")?,
                 vocab: get("vocab_size")?,
                 rope_theta: opt_f("rope_theta").unwrap_or(10000.0),
                 rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6),
                 max_ctx: opt_u("max_position_embeddings").unwrap_or(4096) as usize,
                 qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Dream),
-                tied_embeddings: cfg.get("tie_word_embeddings").and_then(J::as_bool).unwrap_or(false),
+                tied_embeddings: cfg
+                    .get("tie_word_embeddings")
+                    .and_then(J::as_bool)
+                    .unwrap_or(false),
                 shift_logits: arch == Arch::Dream,
                 mask_id: opt_u("mask_token_id").map(|v| v as u32),
                 bos_id: opt_u("bos_token_id").map(|v| v as u32),

@@ -122,7 +122,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f64, rows: &[usize], layer: i32) -> Vec<f32> {
     let d = w.len();
-    let _s = OpSpan::begin("rmsnorm", layer, &[rows.len() as u64, d as u64], "F32").cost((rows.len() * d * 4 + d * 4) as u64, (rows.len() * d * 4) as u64, (rows.len() * d * 3) as u64);
+    let _s = OpSpan::begin("rmsnorm", layer, &[rows.len() as u64, d as u64], "F32").cost(
+        (rows.len() * d * 4 + d * 4) as u64,
+        (rows.len() * d * 4) as u64,
+        (rows.len() * d * 3) as u64,
+    );
     let mut out = vec![0f32; rows.len() * d];
     for (o, &r) in out.chunks_exact_mut(d).zip(rows) {
         let xr = &x[r * d..(r + 1) * d];
@@ -139,7 +143,10 @@ fn rmsnorm(x: &[f32], w: &[f32], eps: f64, rows: &[usize], layer: i32) -> Vec<f3
 fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
     let half = hd / 2;
     for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
-        let (c, s) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
+        let (c, s) = (
+            &cos[r * half..(r + 1) * half],
+            &sin[r * half..(r + 1) * half],
+        );
         for h in row.chunks_exact_mut(hd) {
             let (a, b) = h.split_at_mut(half);
             for i in 0..half {
@@ -154,35 +161,75 @@ fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
 impl Model {
     /// Run one forward pass. `cache` is read (its valid slots are keys) and written as
     /// `req.kv_write` says.
-    pub fn forward(&self, req: &ForwardRequest, cache: &mut KvCache) -> Result<ForwardOutput, ModelError> {
+    pub fn forward(
+        &self,
+        req: &ForwardRequest,
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, ModelError> {
         let c = &self.config;
         let w = &self.weights;
         let n = req.tokens.len();
         if n == 0 || req.positions.len() != n {
-            return Err(ModelError::BadRequest(format!("{} tokens but {} positions", n, req.positions.len())));
+            return Err(ModelError::BadRequest(format!(
+                "{} tokens but {} positions",
+                n,
+                req.positions.len()
+            )));
         }
         if let Some(&p) = req.positions.iter().find(|&&p| p as usize >= c.max_ctx) {
-            return Err(ModelError::ContextOverflow { pos: p, ctx: c.max_ctx });
+            return Err(ModelError::ContextOverflow {
+                pos: p,
+                ctx: c.max_ctx,
+            });
         }
         if let AttnMask::Explicit(m) = req.mask {
             if m.len() != n * n {
-                return Err(ModelError::BadRequest(format!("explicit mask has {} entries, need {}", m.len(), n * n)));
+                return Err(ModelError::BadRequest(format!(
+                    "explicit mask has {} entries, need {}",
+                    m.len(),
+                    n * n
+                )));
             }
         }
         if let AttnMask::Blockwise { block: 0 } = req.mask {
             return Err(ModelError::BadRequest("block size 0".into()));
         }
         if cache.n_layers() != c.n_layers || cache.kv_dim() != c.kv_dim() {
-            return Err(ModelError::BadRequest("KV cache shape does not match the model".into()));
+            return Err(ModelError::BadRequest(
+                "KV cache shape does not match the model".into(),
+            ));
         }
-        // Where each row's K/V goes.
+        let logit_rows: Vec<usize> = match req.logits {
+            LogitRows::None => vec![],
+            LogitRows::All => (0..n).collect(),
+            LogitRows::Last => vec![n - 1],
+            LogitRows::Rows(r) => {
+                if let Some(&bad) = r.iter().find(|&&r| r >= n) {
+                    return Err(ModelError::BadRequest(format!(
+                        "logit row {bad} outside the batch of {n}"
+                    )));
+                }
+                r.to_vec()
+            }
+        };
+
+        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::BadToken {
+                id: t,
+                vocab: c.vocab,
+            });
+        }
+        // Where each row's K/V goes (validated before the cache is touched).
         let old_len = cache.len();
         let slots: Vec<Option<usize>> = match req.kv_write {
             KvWrite::None => vec![None; n],
             KvWrite::Append => (0..n).map(|i| Some(old_len + i)).collect(),
             KvWrite::Slots(s) => {
                 if s.len() != n {
-                    return Err(ModelError::BadRequest(format!("{} KV slots for {n} rows", s.len())));
+                    return Err(ModelError::BadRequest(format!(
+                        "{} KV slots for {n} rows",
+                        s.len()
+                    )));
                 }
                 s.to_vec()
             }
@@ -197,18 +244,6 @@ impl Model {
         }
         let cache_pos: Vec<u32> = cache.positions().to_vec();
         cache.grow_to(new_len);
-        let logit_rows: Vec<usize> = match req.logits {
-            LogitRows::None => vec![],
-            LogitRows::All => (0..n).collect(),
-            LogitRows::Last => vec![n - 1],
-            LogitRows::Rows(r) => {
-                if let Some(&bad) = r.iter().find(|&&r| r >= n) {
-                    return Err(ModelError::BadRequest(format!("logit row {bad} outside the batch of {n}")));
-                }
-                r.to_vec()
-            }
-        };
-
         Tracer::global().next_pass();
         let (d, hd, nh, nkv) = (c.d_model, c.head_dim, c.n_heads, c.n_kv_heads);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -216,7 +251,12 @@ impl Model {
 
         let mut x = vec![0f32; n * d];
         {
-            let _s = OpSpan::begin("embed", -1, &[n as u64, d as u64], w.embed.view().ty.name()).cost((n * w.embed.view().len / w.embed.vocab.max(1)) as u64, (n * d * 4) as u64, 0);
+            let _s = OpSpan::begin("embed", -1, &[n as u64, d as u64], w.embed.view().ty.name())
+                .cost(
+                    (n * w.embed.view().len / w.embed.vocab.max(1)) as u64,
+                    (n * d * 4) as u64,
+                    0,
+                );
             for (row, &t) in x.chunks_exact_mut(d).zip(req.tokens) {
                 w.embed.lookup(t, row)?;
             }
@@ -242,9 +282,17 @@ impl Model {
             let mut qkv = layer.qkv.forward(&h, n, l, "attn_qkv")?.into_iter();
             let (mut q, mut k, mut v) = match (qkv.next(), qkv.next(), qkv.next()) {
                 (Some(q), Some(k), Some(v)) => (q, k, v),
-                _ => return Err(ModelError::Other("q/k/v projection returned too few outputs".into())),
+                _ => {
+                    return Err(ModelError::Other(
+                        "q/k/v projection returned too few outputs".into(),
+                    ))
+                }
             };
-            for (t, b) in [(&mut q, &layer.bq), (&mut k, &layer.bk), (&mut v, &layer.bv)] {
+            for (t, b) in [
+                (&mut q, &layer.bq),
+                (&mut k, &layer.bk),
+                (&mut v, &layer.bv),
+            ] {
                 if let Some(b) = b {
                     for row in t.chunks_exact_mut(b.len()) {
                         row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
@@ -252,7 +300,12 @@ impl Model {
                 }
             }
             {
-                let _s = OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32").cost(((qd + kvd) * n * 4) as u64, ((qd + kvd) * n * 4) as u64, ((qd + kvd) * n * 3) as u64);
+                let _s = OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32")
+                    .cost(
+                        ((qd + kvd) * n * 4) as u64,
+                        ((qd + kvd) * n * 4) as u64,
+                        ((qd + kvd) * n * 3) as u64,
+                    );
                 rope(&mut q, nh, hd, &cos, &sin);
                 rope(&mut k, nkv, hd, &cos, &sin);
             }
@@ -261,59 +314,78 @@ impl Model {
             let mut attn = vec![0f32; n * qd];
             {
                 let visible_keys = old_len - excluded.iter().filter(|e| **e).count() + n;
-                let _s = OpSpan::begin("attention", l, &[n as u64, visible_keys as u64, nh as u64, hd as u64], "F32").cost((2 * visible_keys * kvd * 4 + n * qd * 4) as u64, (n * qd * 4) as u64, (4 * n * visible_keys * qd) as u64);
+                let _s = OpSpan::begin(
+                    "attention",
+                    l,
+                    &[n as u64, visible_keys as u64, nh as u64, hd as u64],
+                    "F32",
+                )
+                .cost(
+                    (2 * visible_keys * kvd * 4 + n * qd * 4) as u64,
+                    (n * qd * 4) as u64,
+                    (4 * n * visible_keys * qd) as u64,
+                );
                 let mask = req.mask;
                 let positions = req.positions;
                 let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
-                attn.par_chunks_mut(hd).enumerate().with_min_len(4).for_each(|(idx, out)| {
-                    let (i, head) = (idx / nh, idx % nh);
-                    let g = head / group;
-                    let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
-                    let pi = positions[i];
-                    let mut scores: Vec<f32> = Vec::with_capacity(old_len + n);
-                    let mut vals: Vec<&[f32]> = Vec::with_capacity(old_len + n);
-                    for s in 0..old_len {
-                        if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
-                            continue;
+                attn.par_chunks_mut(hd)
+                    .enumerate()
+                    .with_min_len(4)
+                    .for_each(|(idx, out)| {
+                        let (i, head) = (idx / nh, idx % nh);
+                        let g = head / group;
+                        let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                        let pi = positions[i];
+                        let mut scores: Vec<f32> = Vec::with_capacity(old_len + n);
+                        let mut vals: Vec<&[f32]> = Vec::with_capacity(old_len + n);
+                        for s in 0..old_len {
+                            if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
+                                continue;
+                            }
+                            let o = s * kvd + g * hd;
+                            scores.push(dot(qv, &ck[o..o + hd]) * scale);
+                            vals.push(&cv[o..o + hd]);
                         }
-                        let o = s * kvd + g * hd;
-                        scores.push(dot(qv, &ck[o..o + hd]) * scale);
-                        vals.push(&cv[o..o + hd]);
-                    }
-                    for j in 0..n {
-                        let vis = match mask {
-                            AttnMask::Explicit(m) => m[i * n + j],
-                            _ => mask.by_pos(pi, positions[j]),
-                        };
-                        if !vis {
-                            continue;
+                        for j in 0..n {
+                            let vis = match mask {
+                                AttnMask::Explicit(m) => m[i * n + j],
+                                _ => mask.by_pos(pi, positions[j]),
+                            };
+                            if !vis {
+                                continue;
+                            }
+                            let o = j * kvd + g * hd;
+                            scores.push(dot(qv, &k[o..o + hd]) * scale);
+                            vals.push(&v[o..o + hd]);
                         }
-                        let o = j * kvd + g * hd;
-                        scores.push(dot(qv, &k[o..o + hd]) * scale);
-                        vals.push(&v[o..o + hd]);
-                    }
-                    let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for s in scores.iter_mut() {
-                        *s = (*s - mx).exp();
-                        sum += *s;
-                    }
-                    out.iter_mut().for_each(|o| *o = 0.0);
-                    if sum > 0.0 {
-                        let inv = 1.0 / sum;
-                        for (p, vr) in scores.iter().zip(&vals) {
-                            let p = p * inv;
-                            for (o, vv) in out.iter_mut().zip(vr.iter()) {
-                                *o += p * vv;
+                        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                        let mut sum = 0f32;
+                        for s in scores.iter_mut() {
+                            *s = (*s - mx).exp();
+                            sum += *s;
+                        }
+                        out.iter_mut().for_each(|o| *o = 0.0);
+                        if sum > 0.0 {
+                            let inv = 1.0 / sum;
+                            for (p, vr) in scores.iter().zip(&vals) {
+                                let p = p * inv;
+                                for (o, vv) in out.iter_mut().zip(vr.iter()) {
+                                    *o += p * vv;
+                                }
                             }
                         }
-                    }
-                });
+                    });
             }
             // Deferred cache write for this layer (after every row has read the old cache).
             for (i, s) in slots.iter().enumerate() {
                 if let Some(s) = *s {
-                    cache.write(li, s, req.positions[i], &k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+                    cache.write(
+                        li,
+                        s,
+                        req.positions[i],
+                        &k[i * kvd..(i + 1) * kvd],
+                        &v[i * kvd..(i + 1) * kvd],
+                    );
                 }
             }
             let mut aq = None;
@@ -324,11 +396,21 @@ impl Model {
             let mut gu = layer.gate_up.forward(&h, n, l, "ffn_gate_up")?.into_iter();
             let (mut g, u) = match (gu.next(), gu.next()) {
                 (Some(g), Some(u)) => (g, u),
-                _ => return Err(ModelError::Other("gate/up projection returned too few outputs".into())),
+                _ => {
+                    return Err(ModelError::Other(
+                        "gate/up projection returned too few outputs".into(),
+                    ))
+                }
             };
             {
-                let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost((2 * n * c.ffn * 4) as u64, (n * c.ffn * 4) as u64, (5 * n * c.ffn) as u64);
-                g.iter_mut().zip(&u).for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
+                let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost(
+                    (2 * n * c.ffn * 4) as u64,
+                    (n * c.ffn * 4) as u64,
+                    (5 * n * c.ffn) as u64,
+                );
+                g.iter_mut()
+                    .zip(&u)
+                    .for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
             }
             let mut gq = None;
             let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
@@ -337,16 +419,30 @@ impl Model {
 
         let vocab = c.vocab;
         if logit_rows.is_empty() {
-            return Ok(ForwardOutput { logits: vec![], rows: vec![], vocab });
+            return Ok(ForwardOutput {
+                logits: vec![],
+                rows: vec![],
+                vocab,
+            });
         }
         let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
         let mut hq = None;
-        let logits = w.lm_head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
-        Ok(ForwardOutput { logits, rows: logit_rows, vocab })
+        let logits = w
+            .lm_head
+            .forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
+        Ok(ForwardOutput {
+            logits,
+            rows: logit_rows,
+            vocab,
+        })
     }
 
     /// A KV cache sized for this model's context.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.config.n_layers, self.config.kv_dim(), self.config.max_ctx)
+        KvCache::new(
+            self.config.n_layers,
+            self.config.kv_dim(),
+            self.config.max_ctx,
+        )
     }
 }

@@ -67,7 +67,11 @@ fn gguf_names(i: usize) -> Names {
         gate: format!("{p}ffn_gate.weight"),
         up: format!("{p}ffn_up.weight"),
         down: format!("{p}ffn_down.weight"),
-        bias: [format!("{p}attn_q.bias"), format!("{p}attn_k.bias"), format!("{p}attn_v.bias")],
+        bias: [
+            format!("{p}attn_q.bias"),
+            format!("{p}attn_k.bias"),
+            format!("{p}attn_v.bias"),
+        ],
     }
 }
 
@@ -84,7 +88,11 @@ fn hf_names(arch: Arch, i: usize) -> Names {
             gate: format!("{p}ff_proj.weight"),
             up: format!("{p}up_proj.weight"),
             down: format!("{p}ff_out.weight"),
-            bias: [format!("{p}q_proj.bias"), format!("{p}k_proj.bias"), format!("{p}v_proj.bias")],
+            bias: [
+                format!("{p}q_proj.bias"),
+                format!("{p}k_proj.bias"),
+                format!("{p}v_proj.bias"),
+            ],
         }
     } else {
         let p = format!("model.layers.{i}.");
@@ -113,7 +121,14 @@ fn hf_names(arch: Arch, i: usize) -> Names {
 fn unpermute_rows(v: &TensorView, n_head: usize) -> Result<TensorView, ModelError> {
     let rows = v.shape[0];
     if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
-        return Err(FormatError::corrupt(&v.file, format!("tensor '{}': {rows} rows do not split into {n_head} heads", v.name)).into());
+        return Err(FormatError::corrupt(
+            &v.file,
+            format!(
+                "tensor '{}': {rows} rows do not split into {n_head} heads",
+                v.name
+            ),
+        )
+        .into());
     }
     let hd = rows / n_head;
     let rb = v.len / rows;
@@ -141,7 +156,14 @@ fn vec1(src: &dyn TensorSource, name: &str, n: usize) -> Result<Vec<f32>, ModelE
     Ok(v.to_f32())
 }
 
-fn matrix(src: &dyn TensorSource, name: &str, rows: usize, cols: usize, requant: Option<GgmlType>, unpermute_heads: Option<usize>) -> Result<Linear, ModelError> {
+fn matrix(
+    src: &dyn TensorSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    requant: Option<GgmlType>,
+    unpermute_heads: Option<usize>,
+) -> Result<Linear, ModelError> {
     let mut v = src.require(name)?;
     v.expect_shape(&[rows, cols])?;
     if let Some(h) = unpermute_heads {
@@ -176,7 +198,16 @@ impl Model {
         let g = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&g)?;
         let permuted = matches!(config.arch, Arch::Llama | Arch::LLaDA);
-        let weights = Self::load_weights(&g, &config, opts, gguf_names, "token_embd.weight", "output_norm.weight", "output.weight", permuted)?;
+        let weights = Self::load_weights(
+            &g,
+            &config,
+            opts,
+            gguf_names,
+            "token_embd.weight",
+            "output_norm.weight",
+            "output.weight",
+            permuted,
+        )?;
         let tokenizer = if opts.no_tokenizer {
             None
         } else {
@@ -197,11 +228,28 @@ impl Model {
         let config = ModelConfig::from_hf(&hf.config, &hf.config_path())?;
         let arch = config.arch;
         let (emb, norm, head) = if arch == Arch::LLaDA {
-            ("model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight")
+            (
+                "model.transformer.wte.weight",
+                "model.transformer.ln_f.weight",
+                "model.transformer.ff_out.weight",
+            )
         } else {
-            ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+            (
+                "model.embed_tokens.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            )
         };
-        let weights = Self::load_weights(&hf, &config, opts, |i| hf_names(arch, i), emb, norm, head, false)?;
+        let weights = Self::load_weights(
+            &hf,
+            &config,
+            opts,
+            |i| hf_names(arch, i),
+            emb,
+            norm,
+            head,
+            false,
+        )?;
         let tokenizer = if opts.no_tokenizer || !dir.join("tokenizer.json").exists() {
             None
         } else {
@@ -211,7 +259,9 @@ impl Model {
                     bos: "<|startoftext|>".into(),
                 },
                 Arch::Llama => ChatTemplate::Raw,
-                _ => ChatTemplate::ChatMl { default_system: None },
+                _ => ChatTemplate::ChatMl {
+                    default_system: None,
+                },
             };
             Some(Tokenizer::from_hf_dir(dir, &eos, default)?)
         };
@@ -226,9 +276,22 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn load_weights(src: &dyn TensorSource, c: &ModelConfig, opts: &LoadOptions, names: impl Fn(usize) -> Names, emb: &str, norm: &str, head: &str, permuted: bool) -> Result<Weights, ModelError> {
+    fn load_weights(
+        src: &dyn TensorSource,
+        c: &ModelConfig,
+        opts: &LoadOptions,
+        names: impl Fn(usize) -> Names,
+        emb: &str,
+        norm: &str,
+        head: &str,
+        permuted: bool,
+    ) -> Result<Weights, ModelError> {
         let d = c.d_model;
-        let q = if opts.dequantize { Some(GgmlType::F32) } else { opts.quantize };
+        let q = if opts.dequantize {
+            Some(GgmlType::F32)
+        } else {
+            opts.quantize
+        };
         let embed_view = src.require(emb)?;
         embed_view.expect_shape(&[c.vocab, d])?;
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -236,7 +299,10 @@ impl Model {
             let n = names(i);
             let perm_q = permuted.then_some(c.n_heads);
             let perm_k = permuted.then_some(c.n_kv_heads);
-            let bias = |name: &str, len: usize, heads: Option<usize>| -> Result<Option<Vec<f32>>, ModelError> {
+            let bias = |name: &str,
+                        len: usize,
+                        heads: Option<usize>|
+             -> Result<Option<Vec<f32>>, ModelError> {
                 if !c.qkv_bias {
                     return Ok(None);
                 }
@@ -262,7 +328,10 @@ impl Model {
                 bv: bias(&n.bias[2], c.kv_dim(), None)?,
                 wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
                 ffn_norm: vec1(src, &n.ffn_norm, d)?,
-                gate_up: Projection::new(vec![matrix(src, &n.gate, c.ffn, d, q, None)?, matrix(src, &n.up, c.ffn, d, q, None)?])?,
+                gate_up: Projection::new(vec![
+                    matrix(src, &n.gate, c.ffn, d, q, None)?,
+                    matrix(src, &n.up, c.ffn, d, q, None)?,
+                ])?,
                 w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
             });
         }
@@ -281,7 +350,11 @@ impl Model {
 
     /// Bytes of weights one decoding step reads (all layers + LM head).
     pub fn bytes_per_token(&self) -> u64 {
-        self.weights.layers.iter().map(|l| l.weight_bytes() as u64).sum::<u64>()
+        self.weights
+            .layers
+            .iter()
+            .map(|l| l.weight_bytes() as u64)
+            .sum::<u64>()
             + self.weights.lm_head.weight_bytes() as u64
             + (self.weights.final_norm.len() * 4) as u64
     }

@@ -21,32 +21,46 @@ impl Linear {
     /// Build from a stored tensor of shape `[out, in]`; `requant` converts it (F32 = dequantize).
     pub fn from_view(v: &TensorView, requant: Option<GgmlType>) -> Result<Self, ModelError> {
         if v.shape.len() != 2 {
-            return Err(ModelError::Format(llada_formats::FormatError::ShapeMismatch {
-                path: v.file.clone(),
-                tensor: v.name.clone(),
-                got: v.shape.clone(),
-                expected: vec![0, 0],
-            }));
+            return Err(ModelError::Format(
+                llada_formats::FormatError::ShapeMismatch {
+                    path: v.file.clone(),
+                    tensor: v.name.clone(),
+                    got: v.shape.clone(),
+                    expected: vec![0, 0],
+                },
+            ));
         }
         let (rows, cols) = (v.shape[0], v.shape[1]);
         if QMatrix::supports(v.ty) && requant.is_none_or(|t| t == v.ty) {
-            let q = QMatrix::new(v.ty, rows, cols, v.owner.clone(), v.offset)
-                .map_err(|e| ModelError::Other(format!("{}: tensor '{}': {e}", v.file.display(), v.name)))?;
+            let q = QMatrix::new(v.ty, rows, cols, v.owner.clone(), v.offset).map_err(|e| {
+                ModelError::Other(format!("{}: tensor '{}': {e}", v.file.display(), v.name))
+            })?;
             return Ok(Linear::Quant(q));
         }
         let f = v.to_f32();
-        Self::from_f32(f, rows, cols, requant.or(match v.ty {
-            // Q6_K has no kernel of its own: requantize to Q8_0 (error ≈ 0.4% of a row's range).
-            GgmlType::Q6K => Some(GgmlType::Q8_0),
-            _ => None,
-        }))
+        Self::from_f32(
+            f,
+            rows,
+            cols,
+            requant.or(match v.ty {
+                // Q6_K has no kernel of its own: requantize to Q8_0 (error ≈ 0.4% of a row's range).
+                GgmlType::Q6K => Some(GgmlType::Q8_0),
+                _ => None,
+            }),
+        )
         .map_err(|e| ModelError::Other(format!("{}: tensor '{}': {e}", v.file.display(), v.name)))
     }
 
     /// Build from a dense row-major matrix, optionally quantizing it.
-    pub fn from_f32(w: Vec<f32>, rows: usize, cols: usize, quant: Option<GgmlType>) -> Result<Self, ModelError> {
+    pub fn from_f32(
+        w: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        quant: Option<GgmlType>,
+    ) -> Result<Self, ModelError> {
         if let Some(t) = quant.filter(|t| QMatrix::supports(*t) && cols % t.block_elems() == 0) {
-            let q = QMatrix::quantize(t, rows, cols, &w).map_err(|e| ModelError::Other(e.to_string()))?;
+            let q = QMatrix::quantize(t, rows, cols, &w)
+                .map_err(|e| ModelError::Other(e.to_string()))?;
             return Ok(Linear::Quant(q));
         }
         let w = Tensor::from_vec(w, (rows, cols), &Device::Cpu)?;
@@ -81,16 +95,34 @@ impl Linear {
 
     /// `y[m × rows] = x[m × cols] · Wᵀ`, with `xq` the activations quantized once by the caller
     /// (shared by the projections that read the same input).
-    pub fn forward(&self, x: &[f32], xq: &mut Option<QuantizedActs>, m: usize, layer: i32, op: &str) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        xq: &mut Option<QuantizedActs>,
+        m: usize,
+        layer: i32,
+        op: &str,
+    ) -> Result<Vec<f32>, ModelError> {
         let (n, k) = (self.rows(), self.cols());
-        let _span = OpSpan::begin(op, layer, &[m as u64, n as u64, k as u64], self.dtype().name())
-            .cost((self.weight_bytes() + m * k * 4) as u64, (m * n * 4) as u64, (2 * m * n * k) as u64);
+        let _span = OpSpan::begin(
+            op,
+            layer,
+            &[m as u64, n as u64, k as u64],
+            self.dtype().name(),
+        )
+        .cost(
+            (self.weight_bytes() + m * k * 4) as u64,
+            (m * n * 4) as u64,
+            (2 * m * n * k) as u64,
+        );
         match self {
             Linear::Quant(q) => {
                 if xq.as_ref().is_none_or(|a| a.layout != q.act_layout()) {
                     *xq = Some(QuantizedActs::quantize(x, m, k, q.act_layout()));
                 }
-                let acts = xq.as_ref().ok_or_else(|| ModelError::Other("activations".into()))?;
+                let acts = xq
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Other("activations".into()))?;
                 let mut out = vec![0f32; m * n];
                 q.matmul_q(acts, &mut out);
                 Ok(out)
@@ -124,7 +156,10 @@ impl Projection {
             .collect();
         if quants.len() == parts.len() {
             if let Some(q) = QMatrix::concat_rows(&quants) {
-                return Ok(Projection::Fused { w: Linear::Quant(q), splits });
+                return Ok(Projection::Fused {
+                    w: Linear::Quant(q),
+                    splits,
+                });
             }
         }
         let dense: Vec<&Tensor> = parts
@@ -138,7 +173,11 @@ impl Projection {
             let w = Tensor::cat(&dense, 0)?;
             let cols = parts[0].cols();
             return Ok(Projection::Fused {
-                w: Linear::Dense { w, rows: splits.iter().sum(), cols },
+                w: Linear::Dense {
+                    w,
+                    rows: splits.iter().sum(),
+                    cols,
+                },
                 splits,
             });
         }
@@ -146,14 +185,24 @@ impl Projection {
     }
 
     /// Apply to `x[m × in]`; one output `[m × out_i]` per part.
-    pub fn forward(&self, x: &[f32], m: usize, layer: i32, op: &str) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        layer: i32,
+        op: &str,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let mut xq = None;
         match self {
-            Projection::Separate(parts) => parts.iter().map(|p| p.forward(x, &mut xq, m, layer, op)).collect(),
+            Projection::Separate(parts) => parts
+                .iter()
+                .map(|p| p.forward(x, &mut xq, m, layer, op))
+                .collect(),
             Projection::Fused { w, splits } => {
                 let y = w.forward(x, &mut xq, m, layer, op)?;
                 let total = w.rows();
-                let mut outs: Vec<Vec<f32>> = splits.iter().map(|s| Vec::with_capacity(m * s)).collect();
+                let mut outs: Vec<Vec<f32>> =
+                    splits.iter().map(|s| Vec::with_capacity(m * s)).collect();
                 for row in y.chunks_exact(total) {
                     let mut o = 0;
                     for (out, s) in outs.iter_mut().zip(splits) {
@@ -238,7 +287,10 @@ impl Layer {
     }
 
     pub fn weight_bytes(&self) -> usize {
-        self.linears().iter().map(|l| l.weight_bytes()).sum::<usize>()
+        self.linears()
+            .iter()
+            .map(|l| l.weight_bytes())
+            .sum::<usize>()
             + (self.attn_norm.len() + self.ffn_norm.len()) * 4
     }
 }

@@ -27,7 +27,13 @@ fn mat(v: &Value) -> Vec<Vec<f64>> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
         .collect()
 }
 
@@ -36,18 +42,28 @@ fn rel_err(got: &[f32], reference: &[Vec<f64>]) -> f64 {
     let flat: Vec<f64> = reference.iter().flatten().copied().collect();
     assert_eq!(got.len(), flat.len(), "logit count");
     let scale = flat.iter().fold(0f64, |a, b| a.max(b.abs()));
-    let err = got.iter().zip(&flat).fold(0f64, |a, (g, r)| a.max((*g as f64 - r).abs()));
+    let err = got
+        .iter()
+        .zip(&flat)
+        .fold(0f64, |a, (g, r)| a.max((*g as f64 - r).abs()));
     err / scale
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_model(m: &Model, ck: &Value, tol: f64, what: &str) {
     let tokens = u32s(&ck["tokens"]);
     let positions = u32s(&ck["positions"]);
-    for (mask_name, mask) in [("causal", AttnMask::Causal), ("bidirectional", AttnMask::Bidirectional)] {
+    for (mask_name, mask) in [
+        ("causal", AttnMask::Causal),
+        ("bidirectional", AttnMask::Bidirectional),
+    ] {
         // Full pass, no cache reads.
         let mut cache = m.new_cache();
         let out = m
@@ -98,7 +114,10 @@ fn check_model(m: &Model, ck: &Value, tol: f64, what: &str) {
             )
             .unwrap();
         let e = rel_err(&rest.logits, &mat(&kv["logits"]));
-        assert!(e <= tol, "{what} {mask_name} with KV cache: rel err {e:e} > {tol:e}");
+        assert!(
+            e <= tol,
+            "{what} {mask_name} with KV cache: rel err {e:e} > {tol:e}"
+        );
         assert_eq!(cache.len(), tokens.len());
     }
 }
@@ -121,12 +140,27 @@ fn f32_checkpoints_match_numpy_reference() {
         }
         assert!(!sources.is_empty());
         for src in sources {
-            let m = Model::load(&src, &LoadOptions { no_tokenizer: true, ..Default::default() })
-                .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", src.display()));
+            let m = Model::load(
+                &src,
+                &LoadOptions {
+                    no_tokenizer: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name}: loading {}: {e}", src.display()));
             assert_eq!(m.config.vocab, ck["vocab_size"].as_u64().unwrap() as usize);
-            assert_eq!(m.config.shift_logits, ck["shift_logits"].as_bool().unwrap(), "{name} shift flag");
+            assert_eq!(
+                m.config.shift_logits,
+                ck["shift_logits"].as_bool().unwrap(),
+                "{name} shift flag"
+            );
             if let Some(mask) = ck["mask_token_id"].as_u64() {
-                assert_eq!(m.config.mask_id, Some(mask as u32), "{name} mask id from {}", src.display());
+                assert_eq!(
+                    m.config.mask_id,
+                    Some(mask as u32),
+                    "{name} mask id from {}",
+                    src.display()
+                );
             }
             check_model(&m, ck, tol, &format!("{name} ({})", src.display()));
         }
@@ -139,7 +173,10 @@ fn overwritten_slot_is_read_from_the_batch() {
     // bidirectional logits of that row: the stale cache slot is replaced, not seen twice.
     let exp = expected();
     let ck = &exp["checkpoints"]["llada"];
-    let opts = LoadOptions { no_tokenizer: true, ..Default::default() };
+    let opts = LoadOptions {
+        no_tokenizer: true,
+        ..Default::default()
+    };
     let m = Model::load(&fixtures().join(ck["hf_dir"].as_str().unwrap()), &opts).unwrap();
     let tokens = u32s(&ck["tokens"]);
     let positions = u32s(&ck["positions"]);
@@ -168,6 +205,9 @@ fn overwritten_slot_is_read_from_the_batch() {
     assert_eq!(cache.len(), n);
     // Writing past the end with a hole is refused, not silently accepted.
     let bad = [Some(n + 3)];
-    let req = ForwardRequest { kv_write: KvWrite::Slots(&bad), ..req };
+    let req = ForwardRequest {
+        kv_write: KvWrite::Slots(&bad),
+        ..req
+    };
     assert!(m.forward(&req, &mut cache).is_err());
 }

@@ -119,7 +119,9 @@ impl KvCache {
         let need = new_len * self.kv_dim;
         for l in 0..self.n_layers {
             if self.k[l].len() < need {
-                let cap = need.max(self.k[l].len() * 2).min(self.capacity * self.kv_dim);
+                let cap = need
+                    .max(self.k[l].len() * 2)
+                    .min(self.capacity * self.kv_dim);
                 self.k[l].resize(cap, 0.0);
                 self.v[l].resize(cap, 0.0);
             }
@@ -167,7 +169,10 @@ mod tests {
         assert_eq!(c.k(1).len(), 8);
         assert!(matches!(
             c.plan_write(&(2..9).collect::<Vec<_>>()),
-            Err(KvError::Capacity { need: 9, capacity: 8 })
+            Err(KvError::Capacity {
+                need: 9,
+                capacity: 8
+            })
         ));
     }
 }

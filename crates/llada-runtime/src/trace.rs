@@ -96,7 +96,10 @@ impl Tracer {
     }
     /// Take all records collected so far.
     pub fn drain(&self) -> Vec<OpRecord> {
-        self.records.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default()
+        self.records
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
     }
     /// Write `records` as JSON Lines with a header line.
     pub fn write_jsonl(
