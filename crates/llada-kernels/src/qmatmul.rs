@@ -109,7 +109,7 @@ impl QMatrix {
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
-        if cols % ty.block_elems() != 0 || cols == 0 {
+        if !cols.is_multiple_of(ty.block_elems()) || cols == 0 {
             return Err(QMatrixError::BadCols {
                 ty,
                 block: ty.block_elems(),
@@ -218,7 +218,7 @@ impl QMatrix {
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
-        if cols % ty.block_elems() != 0 {
+        if !cols.is_multiple_of(ty.block_elems()) {
             return Err(QMatrixError::BadCols {
                 ty,
                 block: ty.block_elems(),
@@ -421,7 +421,10 @@ impl QuantizedActs {
     /// Quantize a row-major `m × k` matrix (`k` a multiple of 32).
     pub fn quantize(x: &[f32], m: usize, k: usize, layout: ActLayout) -> Self {
         assert_eq!(x.len(), m * k);
-        assert!(k % 32 == 0, "activation width must be a multiple of 32");
+        assert!(
+            k.is_multiple_of(32),
+            "activation width must be a multiple of 32"
+        );
         let nb = k / 32;
         let nbp = nb.next_multiple_of(8);
         let qstride = match layout {
@@ -497,6 +500,7 @@ unsafe fn portable_range(w: &QMatrix, x: &QuantizedActs, n0: usize, n1: usize, o
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // register tiles read clearer as indexed loops
 mod simd {
     use super::{QMatrix, QuantizedActs};
     use std::arch::x86_64::*;

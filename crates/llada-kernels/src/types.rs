@@ -104,7 +104,7 @@ impl GgmlType {
     /// Bytes needed for `n` elements, or `None` if `n` is not a whole number of blocks or overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(self.block_bytes() as u64)

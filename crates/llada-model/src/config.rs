@@ -93,14 +93,14 @@ impl ModelConfig {
         if self.n_heads == 0
             || self.n_kv_heads == 0
             || self.n_heads > 1 << 12
-            || self.n_heads % self.n_kv_heads != 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
         {
             return Err(bad(format!(
                 "head counts {} / {} kv are inconsistent",
                 self.n_heads, self.n_kv_heads
             )));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 1024 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 1024 {
             return Err(bad(format!("head dimension {} is invalid", self.head_dim)));
         }
         if self.vocab == 0 || self.vocab > 1 << 22 {
@@ -109,7 +109,8 @@ impl ModelConfig {
         if self.max_ctx == 0 {
             return Err(bad("context length is 0".into()));
         }
-        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_theta > 1.0) {
+        let ok = self.rms_eps > 0.0 && self.rms_eps < 1.0 && self.rope_theta > 1.0;
+        if !ok {
             return Err(bad(format!(
                 "invalid eps {} or rope theta {}",
                 self.rms_eps, self.rope_theta
@@ -148,7 +149,7 @@ impl ModelConfig {
             .get(&k("attention.key_length"))
             .and_then(Value::as_u64)
             .map(|v| v as usize)
-            .unwrap_or(if n_heads > 0 { d_model / n_heads } else { 0 });
+            .unwrap_or(d_model.checked_div(n_heads).unwrap_or(0));
         let vocab = match g.get(&k("vocab_size")).and_then(Value::as_u64) {
             Some(v) => v as usize,
             None => g

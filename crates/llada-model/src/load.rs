@@ -120,7 +120,7 @@ fn hf_names(arch: Arch, i: usize) -> Names {
 /// rows, so on any (quantized) type; biases are 1-row-per-element and handled the same way.
 fn unpermute_rows(v: &TensorView, n_head: usize) -> Result<TensorView, ModelError> {
     let rows = v.shape[0];
-    if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return Err(FormatError::corrupt(
             &v.file,
             format!(

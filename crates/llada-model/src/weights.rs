@@ -58,7 +58,9 @@ impl Linear {
         cols: usize,
         quant: Option<GgmlType>,
     ) -> Result<Self, ModelError> {
-        if let Some(t) = quant.filter(|t| QMatrix::supports(*t) && cols % t.block_elems() == 0) {
+        if let Some(t) =
+            quant.filter(|t| QMatrix::supports(*t) && cols.is_multiple_of(t.block_elems()))
+        {
             let q = QMatrix::quantize(t, rows, cols, &w)
                 .map_err(|e| ModelError::Other(e.to_string()))?;
             return Ok(Linear::Quant(q));

@@ -213,7 +213,9 @@ fn hf_missing_tensor() {
 fn hf_config_disagrees_with_shapes() {
     let st = fixtures().join("hf-llama/model.safetensors");
     // (key, value, tensor whose shape check fails first, its stored shape, the shape expected).
-    let cases: [(&str, J, &str, Vec<usize>, Vec<usize>); 5] = [
+    // (config key, new value, tensor, shape got, shape expected)
+    type Case<'a> = (&'a str, J, &'a str, Vec<usize>, Vec<usize>);
+    let cases: [Case; 5] = [
         (
             "hidden_size",
             json!(128),
