@@ -66,13 +66,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Read bandwidth in GB/s: sum a 512 MiB buffer (far larger than any L3) with the lane's threads.
 pub fn measure_bandwidth(lane: &Lane) -> f64 {
-    let n = 512 << 20 >> 3;
+    let n: usize = 512 << 20 >> 3;
     let buf: Vec<u64> = lane.run(|| (0..n).into_par_iter().map(|i| i as u64).collect());
     let mut best = 0f64;
     for _ in 0..3 {
         let t = Instant::now();
         let s: u64 = lane.run(|| {
-            buf.par_chunks(1 << 16)
+            // One contiguous slice per thread: each core streams sequentially, as a kernel would.
+            buf.par_chunks(n.div_ceil(lane.threads()))
                 .map(|c| {
                     let mut acc = [0u64; 8];
                     for ch in c.chunks_exact(8) {

@@ -28,6 +28,34 @@ use std::sync::Arc;
 /// Owner of the bytes behind a stored tensor (an mmapped file, or a `Vec`).
 pub type ByteOwner = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
+/// Packed weights live in an anonymous mapping advised for transparent huge pages: decoding
+/// streams every weight once per token, and 4 KiB pages would cost a TLB miss every few rows.
+pub struct WeightBuf(memmap2::MmapMut);
+
+impl WeightBuf {
+    fn zeroed(len: usize) -> Self {
+        // An anonymous map of 0 bytes is an error; keep at least one page.
+        let map = memmap2::MmapMut::map_anon(len.max(1))
+            .unwrap_or_else(|e| panic!("cannot allocate {len} bytes for weights: {e}"));
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Self(map)
+    }
+}
+
+impl std::ops::Deref for WeightBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WeightBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
 /// Packed kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -60,7 +88,7 @@ pub struct QMatrix {
     nbp: usize,
     /// Bytes of one packed row.
     stride: usize,
-    data: Arc<Vec<u8>>,
+    data: Arc<WeightBuf>,
 }
 
 /// Errors building a [`QMatrix`].
@@ -146,7 +174,7 @@ impl QMatrix {
             Kind::Q8D16 => nb * 32 + nbp * 2,
         }
         .next_multiple_of(32);
-        let mut data = vec![0u8; rows * stride];
+        let mut data = WeightBuf::zeroed(rows * stride);
         for (r, dst) in data.chunks_exact_mut(stride).enumerate() {
             let s = &src[r * src_row..(r + 1) * src_row];
             match kind {
@@ -239,9 +267,11 @@ impl QMatrix {
         {
             return None;
         }
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        let mut data = WeightBuf::zeroed(parts.iter().map(|p| p.data.len()).sum());
+        let mut o = 0;
         for p in parts {
-            data.extend_from_slice(&p.data);
+            data[o..o + p.data.len()].copy_from_slice(&p.data);
+            o += p.data.len();
         }
         Some(QMatrix {
             rows: parts.iter().map(|p| p.rows).sum(),
@@ -443,7 +473,9 @@ impl QuantizedActs {
                 let id = if dd > 0.0 { 1.0 / dd } else { 0.0 };
                 let mut sum = 0i32;
                 for (q, v) in tmp.iter_mut().zip(xb) {
-                    let qi = (v * id).round() as i32;
+                    // Round half away from zero without a libm call (|v·id| ≤ 127).
+                    let y = v * id;
+                    let qi = (y + 0.5f32.copysign(y)) as i32;
                     *q = qi as i8;
                     sum += qi;
                 }
@@ -701,7 +733,7 @@ mod simd {
                         while n + 4 <= nb1 {
                             // Decoding streams each row once: fetch rows two tiles ahead so
                             // short rows (K ≈ 600) do not each pay a DRAM round trip.
-                            prefetch_rows(w, n + 8, 4);
+                            prefetch_rows(w, n + 16, 4);
                             $tile::<$($t,)? 4, 1>(w, x, n, i, out);
                             n += 4;
                         }
