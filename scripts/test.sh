@@ -14,7 +14,7 @@ python3 tests/reference/make_fixtures.py tests/fixtures
 python3 tests/reference/selftest.py
 
 cargo build --release -p llada-cli
-./target/release/llada fetch smollm2
+cargo run --release --quiet -p llada-cli -- fetch smollm2
 
 if [ "${1:-}" = "--ci" ] || [ -n "${LLADA_LINT:-}" ]; then
   cargo fmt --all -- --check

@@ -5,6 +5,7 @@
 
 mod bench;
 mod models;
+mod zoo;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +55,10 @@ enum Cmd {
     },
     /// Measure prefill/decode speed, memory bandwidth and matmul throughput.
     Bench(bench::BenchArgs),
+    /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
+    Train(zoo::TrainArgs),
+    /// Evaluate a model: exact match per task on the held-out split (diffusion task models).
+    Eval(zoo::EvalArgs),
 }
 
 #[derive(Args, Clone)]
@@ -406,6 +411,8 @@ fn main() {
         }
         Cmd::Info { model, json } => run_info(&model, json),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Train(a) => zoo::train(a),
+        Cmd::Eval(a) => zoo::eval(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -2,8 +2,10 @@
 //! [`sampling`] only.
 //!
 //! * [`sampling`]: greedy, temperature, top-k, top-p with a seeded RNG;
-//! * [`ar`]: autoregressive generation with streaming and stop conditions.
+//! * [`ar`]: autoregressive generation with streaming and stop conditions;
+//! * [`diffusion`]: diffusion decoding (LLaDA / Dream), vanilla reference.
 pub mod ar;
+pub mod diffusion;
 pub mod sampling;
 
 pub use ar::{generate, GenerateConfig, GenerateOutput, StopReason};

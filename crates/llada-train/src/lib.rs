@@ -1,0 +1,15 @@
+//! Training tiny models the engine then runs through its normal loaders.
+//!
+//! * [`tasks`]: checkable synthetic `prompt → answer` tasks generated from a seed, with a fixed
+//!   held-out split;
+//! * [`vocab`]: the character-level vocabulary of the task models, written as `tokenizer.json`;
+//! * [`model`]: a LLaMA-style transformer on candle's autograd whose parameters carry the real
+//!   checkpoints' tensor names (LLaDA: `model.transformer.*`; Dream/Qwen2: `model.layers.*`);
+//! * [`objective`]: masked diffusion (LLaDA, with the 1/t weighting), its shifted Dream variant,
+//!   and next-token prediction;
+//! * [`trainer`]: AdamW loop with progress bar, seeded and resumable, saving HF directories.
+pub mod model;
+pub mod objective;
+pub mod tasks;
+pub mod trainer;
+pub mod vocab;

@@ -1,0 +1,159 @@
+//! Training objectives, as batches of (inputs, targets, per-position loss weights).
+//!
+//! Masked diffusion (LLaDA SFT): per sequence draw `t ~ U(ε, 1)`, mask each *answer* position
+//! with probability `t` (at least one), and weight the cross-entropy of masked positions by
+//! `1 / (t · L_answer)`; answers are padded with EOS, and the pads are part of the answer (the
+//! model learns where the answer ends). The Dream variant predicts position `i` from the output
+//! at `i − 1` (shifted logits). Next-token prediction weights every answer position `1 / L`.
+
+use crate::tasks::Example;
+use crate::vocab::{CharVocab, BOS, EOS};
+use candle_core::{Device, Result, Tensor, D};
+use rand::Rng;
+
+/// Inputs, targets and weights, each `[B, T]`.
+pub struct Batch {
+    pub ids: Tensor,
+    pub targets: Tensor,
+    pub weights: Tensor,
+    /// Tokens in the batch (for throughput).
+    pub tokens: usize,
+}
+
+/// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
+/// rows and the index where each answer starts.
+pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
+    let enc: Vec<(Vec<u32>, Vec<u32>)> = examples.iter().map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer))).collect();
+    let t = enc.iter().map(|(p, a)| 1 + p.len() + a.len() + min_pad).max().unwrap_or(8).next_multiple_of(8);
+    let mut rows = vec![];
+    let mut starts = vec![];
+    for (p, a) in enc {
+        let mut r = vec![BOS];
+        r.extend(&p);
+        starts.push(r.len());
+        r.extend(&a);
+        r.resize(t, EOS);
+        rows.push(r);
+    }
+    (rows, starts)
+}
+
+/// A masked-diffusion batch. `shift`: Dream's shifted logits (targets at `i` read logits at
+/// `i − 1`; the returned tensors are already aligned to the logits, length `T − 1`).
+pub fn diffusion_batch(examples: &[Example], mask_id: u32, eps: f64, shift: bool, rng: &mut impl Rng, dev: &Device) -> Result<Batch> {
+    let (rows, starts) = layout(examples, 1);
+    let (b, t) = (rows.len(), rows[0].len());
+    let mut ids = Vec::with_capacity(b * t);
+    let mut tg = Vec::with_capacity(b * t);
+    let mut w = Vec::with_capacity(b * t);
+    for (row, &s) in rows.iter().zip(&starts) {
+        let tt: f64 = eps + (1.0 - eps) * rng.random::<f64>();
+        let l = (t - s) as f64;
+        let mut masked: Vec<bool> = (0..t).map(|i| i >= s && rng.random::<f64>() < tt).collect();
+        if !masked[s..].iter().any(|m| *m) {
+            let i = rng.random_range(s..t);
+            masked[i] = true;
+        }
+        for i in 0..t {
+            ids.push(if masked[i] { mask_id } else { row[i] });
+            tg.push(row[i]);
+            w.push(if masked[i] { (1.0 / (tt * l)) as f32 } else { 0.0 });
+        }
+    }
+    let ids = Tensor::from_vec(ids, (b, t), dev)?;
+    let mut targets = Tensor::from_vec(tg, (b, t), dev)?;
+    let mut weights = Tensor::from_vec(w, (b, t), dev)?;
+    if shift {
+        targets = targets.narrow(1, 1, t - 1)?;
+        weights = weights.narrow(1, 1, t - 1)?;
+    }
+    Ok(Batch { ids, targets, weights, tokens: b * t })
+}
+
+/// A next-token batch over the answers (causal models).
+pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
+    let (rows, starts) = layout(examples, 1);
+    let (b, t) = (rows.len(), rows[0].len());
+    let mut ids: Vec<u32> = vec![];
+    let mut tg: Vec<u32> = vec![];
+    let mut w: Vec<f32> = vec![];
+    for (row, &s) in rows.iter().zip(&starts) {
+        let l = (t - s) as f32;
+        ids.extend(&row[..t - 1]);
+        tg.extend(&row[1..]);
+        w.extend((1..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
+    }
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, t - 1), dev)?,
+        targets: Tensor::from_vec(tg, (b, t - 1), dev)?,
+        weights: Tensor::from_vec(w, (b, t - 1), dev)?,
+        tokens: b * t,
+    })
+}
+
+/// `Σ weight · CE(logits, target) / B`. With `shift`, `logits` is `[B, T, V]` and the last
+/// position is dropped to align with shifted targets.
+pub fn weighted_ce(logits: &Tensor, batch: &Batch, shift: bool) -> Result<Tensor> {
+    let logits = if shift {
+        let t = logits.dim(1)?;
+        logits.narrow(1, 0, t - 1)?
+    } else {
+        logits.clone()
+    };
+    let b = logits.dim(0)? as f64;
+    let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+    let nll = lsm.gather(&batch.targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?.squeeze(D::Minus1)?.neg()?;
+    (nll * &batch.weights)?.sum_all()? / b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::TaskGen;
+    use rand::SeedableRng;
+
+    #[test]
+    fn masking_schedule_and_weights() {
+        let mut g = TaskGen::new(3, false);
+        let ex: Vec<Example> = (0..64).map(|_| g.next(Some("sort"))).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let dev = Device::Cpu;
+        let (rows, starts) = layout(&ex, 1);
+        let b = diffusion_batch(&ex, 2, 1e-3, false, &mut rng, &dev).unwrap();
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+        let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+        let mut frac_sum = 0.0;
+        for r in 0..ex.len() {
+            let s = starts[r];
+            // Prompts are never masked; targets are the clean tokens.
+            assert!(ids[r][..s].iter().all(|&x| x != 2));
+            assert_eq!(tg[r], rows[r]);
+            let masked: Vec<usize> = (0..ids[r].len()).filter(|&i| ids[r][i] == 2).collect();
+            assert!(!masked.is_empty());
+            // Every masked position carries the same weight 1/(t·L), others 0; so t is
+            // recoverable and the masked fraction tracks it.
+            let l = (ids[r].len() - s) as f32;
+            let wm = w[r][masked[0]];
+            assert!(masked.iter().all(|&i| (w[r][i] - wm).abs() < 1e-6));
+            assert!((0..ids[r].len()).filter(|i| !masked.contains(i)).all(|i| w[r][i] == 0.0));
+            let t = 1.0 / (wm * l);
+            assert!(t > 0.0 && t <= 1.0 + 1e-5);
+            frac_sum += (masked.len() as f32 / l - t).abs();
+        }
+        // Mean |masked fraction − t| is small (binomial noise only).
+        assert!(frac_sum / (ex.len() as f32) < 0.12, "{}", frac_sum / ex.len() as f32);
+    }
+
+    #[test]
+    fn shift_aligns_targets_with_previous_position() {
+        let mut g = TaskGen::new(4, false);
+        let ex: Vec<Example> = (0..4).map(|_| g.next(Some("rev"))).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let b = diffusion_batch(&ex, 2, 1e-3, true, &mut rng, &Device::Cpu).unwrap();
+        let (rows, _) = layout(&ex, 1);
+        let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+        assert_eq!(tg[0], rows[0][1..].to_vec());
+        assert_eq!(b.ids.dim(1).unwrap(), rows[0].len());
+    }
+}

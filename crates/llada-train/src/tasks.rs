@@ -1,0 +1,189 @@
+//! Checkable synthetic tasks in `prompt → answer` form, generated from a seed.
+//!
+//! | task | prompt | answer | answer length |
+//! |---|---|---|---|
+//! | `add` | `add:123+4567=` | `4690` | 1–41 |
+//! | `sort` | `sort:3 1 2=` | `1 2 3` | 1–127 |
+//! | `rev` | `rev:hello=` | `olleh` | 1–60 |
+//! | `cumsum` | `cum:3141=` | `3485` (running sum mod 10: every answer digit depends on the previous) | 1–100 |
+//! | `multi` | `add:1+2;rev:ab;cum:12=` | `3;ba;13` (several questions in one response) | up to ≥128 |
+//!
+//! The held-out split is fixed: an example belongs to it iff a hash of its prompt falls in
+//! bucket 0 of 16; training generators skip those prompts, so train and held-out never overlap.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    pub task: &'static str,
+    pub prompt: String,
+    pub answer: String,
+}
+
+pub const TASKS: [&str; 5] = ["add", "sort", "rev", "cumsum", "multi"];
+
+fn digits(rng: &mut StdRng, n: usize) -> String {
+    let mut s: String = (0..n).map(|_| char::from(b'0' + rng.random_range(0..10u8))).collect();
+    if n > 1 && s.starts_with('0') {
+        s.replace_range(0..1, &char::from(b'1' + rng.random_range(0..9u8)).to_string());
+    }
+    s
+}
+
+fn add_strings(a: &str, b: &str) -> String {
+    let (a, b): (Vec<u8>, Vec<u8>) = (a.bytes().rev().map(|c| c - b'0').collect(), b.bytes().rev().map(|c| c - b'0').collect());
+    let mut out = vec![];
+    let mut carry = 0;
+    for i in 0..a.len().max(b.len()) {
+        let s = a.get(i).copied().unwrap_or(0) + b.get(i).copied().unwrap_or(0) + carry;
+        out.push(b'0' + s % 10);
+        carry = s / 10;
+    }
+    if carry > 0 {
+        out.push(b'0' + carry);
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn one(rng: &mut StdRng, task: &'static str, scale: f64) -> (String, String) {
+    let len = |rng: &mut StdRng, max: usize| rng.random_range(1..=((max as f64 * scale).ceil() as usize).max(1));
+    match task {
+        "add" => {
+            let (la, lb) = (len(rng, 40), len(rng, 40));
+            let (a, b) = (digits(rng, la), digits(rng, lb));
+            (format!("add:{a}+{b}"), add_strings(&a, &b))
+        }
+        "sort" => {
+            let n = len(rng, 64);
+            let v: Vec<u8> = (0..n).map(|_| rng.random_range(0..10)).collect();
+            let mut s = v.clone();
+            s.sort();
+            let j = |v: &[u8]| v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" ");
+            (format!("sort:{}", j(&v)), j(&s))
+        }
+        "rev" => {
+            let n = len(rng, 60);
+            let w: String = (0..n).map(|_| char::from(b'a' + rng.random_range(0..26u8))).collect();
+            (format!("rev:{w}"), w.chars().rev().collect())
+        }
+        _ => {
+            let l = len(rng, 100);
+            let d = digits(rng, l);
+            let mut acc = 0u32;
+            let out: String = d
+                .bytes()
+                .map(|c| {
+                    acc = (acc + (c - b'0') as u32) % 10;
+                    char::from(b'0' + acc as u8)
+                })
+                .collect();
+            (format!("cum:{d}"), out)
+        }
+    }
+}
+
+/// Bucket of the held-out split (0 of 16).
+pub fn is_held_out(prompt: &str) -> bool {
+    // FNV-1a: stable across platforms and releases.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in prompt.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h % 16 == 0
+}
+
+/// A stream of examples. `scale` (0, 1] shrinks the length ranges (curriculum).
+pub struct TaskGen {
+    rng: StdRng,
+    held_out: bool,
+    pub scale: f64,
+    pub tasks: Vec<&'static str>,
+}
+
+impl TaskGen {
+    pub fn new(seed: u64, held_out: bool) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+            held_out,
+            scale: 1.0,
+            tasks: TASKS.to_vec(),
+        }
+    }
+
+    /// Next example of a random task (or of `task`).
+    pub fn next(&mut self, task: Option<&'static str>) -> Example {
+        loop {
+            let t = task.unwrap_or_else(|| self.tasks[self.rng.random_range(0..self.tasks.len())]);
+            let (prompt, answer) = if t == "multi" {
+                let k = self.rng.random_range(2..=4);
+                let mut ps = vec![];
+                let mut ans = vec![];
+                for _ in 0..k {
+                    let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
+                    let (p, a) = one(&mut self.rng, sub, self.scale * 0.5);
+                    ps.push(p);
+                    ans.push(a);
+                }
+                (ps.join(";"), ans.join(";"))
+            } else {
+                one(&mut self.rng, t, self.scale)
+            };
+            let prompt = format!("{prompt}=");
+            if is_held_out(&prompt) == self.held_out {
+                return Example { task: t, prompt, answer };
+            }
+        }
+    }
+}
+
+/// The fixed held-out split: `n` examples per task.
+pub fn held_out_split(n: usize) -> Vec<Example> {
+    let mut g = TaskGen::new(0x5eed_0fe1d, true);
+    let mut v = vec![];
+    for t in TASKS {
+        for _ in 0..n {
+            v.push(g.next(Some(t)));
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_correct() {
+        assert_eq!(add_strings("999", "1"), "1000");
+        assert_eq!(add_strings("123", "4567"), "4690");
+        let mut g = TaskGen::new(1, false);
+        for _ in 0..200 {
+            let e = g.next(None);
+            assert!(!is_held_out(&e.prompt));
+            if e.task == "add" {
+                let (a, b) = e.prompt.trim_start_matches("add:").trim_end_matches('=').split_once('+').unwrap();
+                let (x, y): (u128, u128) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
+                if a.len() < 30 && b.len() < 30 {
+                    assert_eq!(e.answer, (x + y).to_string());
+                }
+            }
+            crate::vocab::CharVocab::encode(&e.prompt);
+            crate::vocab::CharVocab::encode(&e.answer);
+        }
+    }
+
+    #[test]
+    fn split_is_fixed_and_disjoint_and_long_enough() {
+        let a = held_out_split(20);
+        let b = held_out_split(20);
+        assert_eq!(a, b);
+        assert!(a.iter().all(|e| is_held_out(&e.prompt)));
+        let longest = a.iter().map(|e| e.answer.len()).max().unwrap_or(0);
+        let shortest = a.iter().map(|e| e.answer.len()).min().unwrap_or(0);
+        assert!(longest >= 100 && shortest <= 3, "answer lengths {shortest}..{longest}");
+    }
+}
