@@ -81,28 +81,28 @@ struct ModelArgs {
 }
 
 #[derive(Args, Clone)]
-struct SamplingArgs {
+pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, short = 'n', default_value_t = 128)]
-    max_tokens: usize,
+    pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy.
     #[arg(long, short = 't', default_value_t = 0.0)]
-    temperature: f32,
+    pub temperature: f32,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
-    top_k: usize,
+    pub top_k: usize,
     /// Nucleus sampling: keep the smallest set reaching this probability (1 = off).
     #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
+    pub top_p: f32,
     /// Random seed (sampling is reproducible for a given seed).
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub seed: u64,
     /// Stop when this string appears (repeatable).
     #[arg(long = "stop")]
-    stop: Vec<String>,
+    pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
-    ignore_eos: bool,
+    pub ignore_eos: bool,
 }
 
 #[derive(Args)]
@@ -113,6 +113,11 @@ struct GenerateArgs {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// Decoding mode: ar (autoregressive) or diffusion (LLaDA/Dream models).
+    #[arg(long, default_value = "ar", value_parser = ["ar", "diffusion"])]
+    mode: String,
+    #[command(flatten)]
+    diffusion: zoo::DiffusionArgs,
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
@@ -212,6 +217,17 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
+    if a.mode == "diffusion" {
+        return zoo::generate_diffusion(
+            &a.prompt,
+            &a.model.model,
+            a.model.threads,
+            a.raw,
+            a.json,
+            &a.sampling,
+            &a.diffusion,
+        );
+    }
     let cfg = gen_config(&a.sampling)?;
     let (model, lane) = load(&a.model, a.json)?;
     let tok = model

@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::diffusion::{generate_vanilla, DiffusionConfig};
+use llada_decode::diffusion::{
+    generate as diffusion_generate, CacheMode, Confidence, DiffusionConfig, Schedule,
+};
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
@@ -64,7 +66,9 @@ fn preset(name: &str) -> Result<(ModelSpec, usize)> {
 
 pub fn train(a: TrainArgs) -> Result<()> {
     let (spec, steps) = preset(&a.preset)?;
-    let out = a.out.unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
+    let out = a
+        .out
+        .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
     let opts = TrainOptions {
         steps: a.steps.unwrap_or(steps),
         batch: a.batch.max(1),
@@ -74,7 +78,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
         checkpoint_every: a.checkpoint_every.max(1),
         curriculum: 0.6,
     };
-    eprintln!("training {} -> {} ({} steps, batch {})", a.preset, out.display(), opts.steps, opts.batch);
+    eprintln!(
+        "training {} -> {} ({} steps, batch {})",
+        a.preset,
+        out.display(),
+        opts.steps,
+        opts.batch
+    );
     let st = train_tasks(spec, opts, &out, a.resume, false)?;
     eprintln!(
         "done: step {} train loss {:.4} held-out loss {:.4} in {:.0}s",
@@ -86,6 +96,160 @@ pub fn train(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// Diffusion decoding options (shared by `generate --mode diffusion` and `eval`).
+#[derive(Args, Clone)]
+pub struct DiffusionArgs {
+    /// Strategy: vanilla (recompute everything), prefix (prompt + finished blocks cached),
+    /// dual (prefix + masked suffix cached; each step recomputes only the current block).
+    #[arg(long, default_value = "vanilla", value_parser = ["vanilla", "prefix", "dual"])]
+    pub strategy: String,
+    /// Commit every masked token whose confidence reaches this (at least one per step).
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Answer length in tokens (diffusion).
+    #[arg(long, default_value_t = 64)]
+    pub gen_length: usize,
+    /// Denoising steps (default: gen-length, one token per step).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Semi-autoregressive block length.
+    #[arg(long, default_value_t = 32)]
+    pub block_length: usize,
+    /// Confidence for remasking: top-prob (LLaDA low_confidence / Dream maskgit_plus), margin,
+    /// entropy, random.
+    #[arg(long, default_value = "top-prob", value_parser = ["top-prob", "margin", "entropy", "random"])]
+    pub confidence: String,
+    /// Commit schedule: uniform (LLaDA) or timesteps (Dream; one block over the whole answer).
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "timesteps"])]
+    pub schedule: String,
+}
+
+impl DiffusionArgs {
+    /// The decoder configuration for an answer of `gen_length` tokens.
+    pub fn config(
+        &self,
+        gen_length: usize,
+        temperature: f32,
+        seed: u64,
+    ) -> Result<DiffusionConfig> {
+        let timesteps = self.schedule == "timesteps";
+        let block = if timesteps {
+            gen_length
+        } else {
+            self.block_length
+        };
+        let cfg = DiffusionConfig {
+            gen_length,
+            steps: self.steps.unwrap_or(gen_length),
+            block_length: block,
+            schedule: if timesteps {
+                Schedule::Timesteps { eps: 1e-3 }
+            } else {
+                Schedule::Uniform
+            },
+            confidence: match self.confidence.as_str() {
+                "margin" => Confidence::Margin,
+                "entropy" => Confidence::NegEntropy,
+                "random" => Confidence::Random,
+                _ => Confidence::TopProb,
+            },
+            temperature,
+            seed,
+            cache: match self.strategy.as_str() {
+                "prefix" => CacheMode::Prefix,
+                "dual" => CacheMode::Dual,
+                _ => CacheMode::None,
+            },
+            threshold: self.threshold,
+        };
+        cfg.validate().map_err(anyhow::Error::msg)?;
+        Ok(cfg)
+    }
+    /// A short name for reports.
+    pub fn name(&self) -> String {
+        match self.threshold {
+            Some(t) => format!("{}+threshold{t}", self.strategy),
+            None => self.strategy.clone(),
+        }
+    }
+}
+
+/// `llada generate --mode diffusion`.
+pub fn generate_diffusion(
+    prompt: &str,
+    model: &str,
+    threads: Option<usize>,
+    raw: bool,
+    json: bool,
+    s: &crate::SamplingArgs,
+    d: &DiffusionArgs,
+) -> Result<()> {
+    let path = if model == "smollm2" {
+        PathBuf::from("models/tiny-llada-tasks")
+    } else {
+        PathBuf::from(model)
+    };
+    let m = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let tok = m
+        .tokenizer
+        .as_ref()
+        .context("this model has no tokenizer")?;
+    let text = if raw || tok.template == llada_formats::tokenizer::ChatTemplate::Raw {
+        prompt.to_string()
+    } else {
+        tok.template.render(
+            &[llada_formats::tokenizer::Message::new("user", prompt)],
+            true,
+        )
+    };
+    let mut ids = tok.encode(&text).map_err(anyhow::Error::msg)?;
+    if let Some(bos) = m.config.bos_id {
+        if ids.first() != Some(&bos) {
+            ids.insert(0, bos);
+        }
+    }
+    let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let lane = Lane::new("dense", threads)?;
+    let out = diffusion_generate(&m, &lane, &ids, &cfg)?;
+    let stop: Vec<u32> = tok
+        .stop_ids
+        .iter()
+        .copied()
+        .chain(m.config.eos_id)
+        .collect();
+    let end = out
+        .tokens
+        .iter()
+        .position(|t| stop.contains(t))
+        .unwrap_or(out.tokens.len());
+    let answer = tok.decode(&out.tokens[..end]);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"model": path.display().to_string(), "mode": "diffusion", "strategy": d.name(),
+                "text": answer, "tokens": out.tokens, "prompt_ids": ids, "prompt_tokens": ids.len(),
+                "generated_tokens": end, "forward_passes": out.forward_passes, "rows_computed": out.rows_computed,
+                "timings": {"total_s": out.total_s}})
+        );
+    } else {
+        println!("{answer}");
+        eprintln!(
+            "[{} forward passes, {} rows, {:.3}s, strategy {}]",
+            out.forward_passes,
+            out.rows_computed,
+            out.total_s,
+            d.name()
+        );
+    }
+    Ok(())
+}
+
 #[derive(Args)]
 pub struct EvalArgs {
     /// Model directory (a task model of the zoo).
@@ -94,12 +258,8 @@ pub struct EvalArgs {
     /// Held-out examples per task.
     #[arg(long, default_value_t = 20)]
     per_task: usize,
-    /// Block length of semi-autoregressive decoding.
-    #[arg(long, default_value_t = 32)]
-    block_length: usize,
-    /// Decoding strategy (vanilla: one token per step, low-confidence remasking).
-    #[arg(long, default_value = "vanilla")]
-    strategy: String,
+    #[command(flatten)]
+    diffusion: DiffusionArgs,
     #[arg(long)]
     threads: Option<usize>,
     /// Print JSON.
@@ -108,25 +268,34 @@ pub struct EvalArgs {
 }
 
 pub fn eval(a: EvalArgs) -> Result<()> {
-    if a.strategy != "vanilla" {
-        bail!("strategy '{}' is not available yet (vanilla)", a.strategy);
-    }
-    let model = Model::load(&a.model, &LoadOptions::default()).with_context(|| format!("loading {}", a.model.display()))?;
+    let model = Model::load(&a.model, &LoadOptions::default())
+        .with_context(|| format!("loading {}", a.model.display()))?;
     if model.config.mask_id.is_none() {
-        bail!("{} is not a diffusion model (no mask token)", a.model.display());
+        bail!(
+            "{} is not a diffusion model (no mask token)",
+            a.model.display()
+        );
     }
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     let lane = Lane::new("dense", threads)?;
     let split = held_out_split(a.per_task);
-    let pb = if a.json { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(split.len() as u64) };
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(split.len() as u64)
+    };
     let mut right: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for ex in &split {
         let mut prompt = vec![BOS];
         prompt.extend(CharVocab::encode(&ex.prompt));
         // gen_length: the answer plus at least one EOS, rounded up to whole blocks.
-        let gen = (ex.answer.len() + 1).next_multiple_of(a.block_length);
-        let cfg = DiffusionConfig::one_per_step(gen, a.block_length);
-        let out = generate_vanilla(&model, &lane, &prompt, &cfg)?;
+        let gen = (ex.answer.len() + 1).next_multiple_of(a.diffusion.block_length);
+        let cfg = a.diffusion.config(gen, 0.0, 0)?;
+        let out = diffusion_generate(&model, &lane, &prompt, &cfg)?;
         let got = CharVocab::decode(&out.tokens);
         let e = right.entry(ex.task).or_default();
         e.1 += 1;
@@ -136,17 +305,28 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let tasks: BTreeMap<&str, f64> = right.iter().map(|(k, (r, n))| (*k, *r as f64 / *n as f64)).collect();
+    let tasks: BTreeMap<&str, f64> = right
+        .iter()
+        .map(|(k, (r, n))| (*k, *r as f64 / *n as f64))
+        .collect();
     let total: f64 = right.values().map(|(r, _)| *r as f64).sum::<f64>() / split.len() as f64;
     if a.json {
-        println!("{}", serde_json::json!({"model": a.model.display().to_string(), "strategy": a.strategy, "tasks": tasks, "accuracy": total}));
+        println!(
+            "{}",
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total})
+        );
     } else {
         for t in TASKS {
             if let Some(acc) = tasks.get(t) {
                 println!("{t:<8} {:.1}%", 100.0 * acc);
             }
         }
-        println!("overall  {:.1}% ({} held-out examples, vanilla decoding)", 100.0 * total, split.len());
+        println!(
+            "overall  {:.1}% ({} held-out examples, {} decoding)",
+            100.0 * total,
+            split.len(),
+            a.diffusion.name()
+        );
     }
     Ok(())
 }

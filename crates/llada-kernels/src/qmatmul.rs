@@ -731,7 +731,7 @@ mod simd {
                     let mut n = nb0;
                     if mr == 1 {
                         while n + 4 <= nb1 {
-                            // Decoding streams each row once: fetch rows two tiles ahead so
+                            // Decoding streams each row once: fetch rows four tiles ahead so
                             // short rows (K ≈ 600) do not each pay a DRAM round trip.
                             prefetch_rows(w, n + 16, 4);
                             $tile::<$($t,)? 4, 1>(w, x, n, i, out);

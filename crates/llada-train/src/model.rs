@@ -123,15 +123,29 @@ impl TrainModel {
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev);
         let (d, hd) = (spec.d_model, spec.head_dim());
         let (qd, kvd) = (spec.n_heads * hd, spec.n_kv_heads * hd);
-        let init = Init::Randn { mean: 0.0, stdev: 0.02 };
-        let out_init = Init::Randn { mean: 0.0, stdev: 0.02 / (2.0 * spec.n_layers as f64).sqrt() };
+        let init = Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let out_init = Init::Randn {
+            mean: 0.0,
+            stdev: 0.02 / (2.0 * spec.n_layers as f64).sqrt(),
+        };
         let ones = Init::Const(1.0);
         let zeros = Init::Const(0.0);
         let llada = spec.format == Format::LLaDA;
         let (emb_n, norm_n, head_n) = if llada {
-            ("model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight")
+            (
+                "model.transformer.wte.weight",
+                "model.transformer.ln_f.weight",
+                "model.transformer.ff_out.weight",
+            )
         } else {
-            ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+            (
+                "model.embed_tokens.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            )
         };
         let embed = vb.get_with_hints((spec.vocab, d), emb_n, init)?;
         let mut layers = vec![];
@@ -152,23 +166,66 @@ impl TrainModel {
                 }
             };
             layers.push(Layer {
-                attn_norm: vb.get_with_hints(d, &n("input_layernorm.weight", "attn_norm.weight"), ones)?,
-                q: vb.get_with_hints((qd, d), &n("self_attn.q_proj.weight", "q_proj.weight"), init)?,
-                k: vb.get_with_hints((kvd, d), &n("self_attn.k_proj.weight", "k_proj.weight"), init)?,
-                v: vb.get_with_hints((kvd, d), &n("self_attn.v_proj.weight", "v_proj.weight"), init)?,
+                attn_norm: vb.get_with_hints(
+                    d,
+                    &n("input_layernorm.weight", "attn_norm.weight"),
+                    ones,
+                )?,
+                q: vb.get_with_hints(
+                    (qd, d),
+                    &n("self_attn.q_proj.weight", "q_proj.weight"),
+                    init,
+                )?,
+                k: vb.get_with_hints(
+                    (kvd, d),
+                    &n("self_attn.k_proj.weight", "k_proj.weight"),
+                    init,
+                )?,
+                v: vb.get_with_hints(
+                    (kvd, d),
+                    &n("self_attn.v_proj.weight", "v_proj.weight"),
+                    init,
+                )?,
                 bq: b(n("self_attn.q_proj.bias", ""), qd)?,
                 bk: b(n("self_attn.k_proj.bias", ""), kvd)?,
                 bv: b(n("self_attn.v_proj.bias", ""), kvd)?,
-                o: vb.get_with_hints((d, qd), &n("self_attn.o_proj.weight", "attn_out.weight"), out_init)?,
-                ffn_norm: vb.get_with_hints(d, &n("post_attention_layernorm.weight", "ff_norm.weight"), ones)?,
-                gate: vb.get_with_hints((spec.ffn, d), &n("mlp.gate_proj.weight", "ff_proj.weight"), init)?,
-                up: vb.get_with_hints((spec.ffn, d), &n("mlp.up_proj.weight", "up_proj.weight"), init)?,
-                down: vb.get_with_hints((d, spec.ffn), &n("mlp.down_proj.weight", "ff_out.weight"), out_init)?,
+                o: vb.get_with_hints(
+                    (d, qd),
+                    &n("self_attn.o_proj.weight", "attn_out.weight"),
+                    out_init,
+                )?,
+                ffn_norm: vb.get_with_hints(
+                    d,
+                    &n("post_attention_layernorm.weight", "ff_norm.weight"),
+                    ones,
+                )?,
+                gate: vb.get_with_hints(
+                    (spec.ffn, d),
+                    &n("mlp.gate_proj.weight", "ff_proj.weight"),
+                    init,
+                )?,
+                up: vb.get_with_hints(
+                    (spec.ffn, d),
+                    &n("mlp.up_proj.weight", "up_proj.weight"),
+                    init,
+                )?,
+                down: vb.get_with_hints(
+                    (d, spec.ffn),
+                    &n("mlp.down_proj.weight", "ff_out.weight"),
+                    out_init,
+                )?,
             });
         }
         let norm = vb.get_with_hints(d, norm_n, ones)?;
         let head = vb.get_with_hints((spec.vocab, d), head_n, init)?;
-        Ok(Self { spec, varmap, embed, layers, norm, head })
+        Ok(Self {
+            spec,
+            varmap,
+            embed,
+            layers,
+            norm,
+            head,
+        })
     }
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (u32); `causal` selects the mask.
@@ -177,10 +234,15 @@ impl TrainModel {
         let (b, t) = ids.dims2()?;
         let dev = ids.device();
         let (hd, nh, nkv) = (s.head_dim(), s.n_heads, s.n_kv_heads);
-        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, s.d_model))?;
+        let mut x = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, s.d_model))?;
         // RoPE (rotate-half) tables [T, hd].
         let half = hd / 2;
-        let inv: Vec<f32> = (0..half).map(|i| (s.rope_theta.powf(-2.0 * i as f64 / hd as f64)) as f32).collect();
+        let inv: Vec<f32> = (0..half)
+            .map(|i| (s.rope_theta.powf(-2.0 * i as f64 / hd as f64)) as f32)
+            .collect();
         let mut cos = vec![0f32; t * hd];
         let mut sin = vec![0f32; t * hd];
         for p in 0..t {
@@ -201,7 +263,15 @@ impl TrainModel {
             x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
         };
         let mask = if causal {
-            let m: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
+            let m: Vec<f32> = (0..t * t)
+                .map(|i| {
+                    if i % t > i / t {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
             Some(Tensor::from_vec(m, (1, 1, t, t), dev)?)
         } else {
             None
@@ -209,13 +279,26 @@ impl TrainModel {
         let scale = 1.0 / (hd as f64).sqrt();
         for l in &self.layers {
             let h = rms_norm(&x, &l.attn_norm, s.rms_eps)?;
-            let q = linear(&h, &l.q, l.bq.as_ref())?.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = linear(&h, &l.k, l.bk.as_ref())?.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let v = linear(&h, &l.v, l.bv.as_ref())?.reshape((b, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let q = linear(&h, &l.q, l.bq.as_ref())?
+                .reshape((b, t, nh, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let k = linear(&h, &l.k, l.bk.as_ref())?
+                .reshape((b, t, nkv, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let v = linear(&h, &l.v, l.bv.as_ref())?
+                .reshape((b, t, nkv, hd))?
+                .transpose(1, 2)?
+                .contiguous()?;
             let (q, k) = (rope(&q)?, rope(&k)?);
             let (k, v) = if nkv != nh {
                 let g = nh / nkv;
-                let rep = |x: Tensor| -> Result<Tensor> { x.unsqueeze(2)?.expand((b, nkv, g, t, hd))?.reshape((b, nh, t, hd)) };
+                let rep = |x: Tensor| -> Result<Tensor> {
+                    x.unsqueeze(2)?
+                        .expand((b, nkv, g, t, hd))?
+                        .reshape((b, nh, t, hd))
+                };
                 (rep(k)?, rep(v)?)
             } else {
                 (k, v)

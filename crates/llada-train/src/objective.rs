@@ -23,8 +23,16 @@ pub struct Batch {
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
 /// rows and the index where each answer starts.
 pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
-    let enc: Vec<(Vec<u32>, Vec<u32>)> = examples.iter().map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer))).collect();
-    let t = enc.iter().map(|(p, a)| 1 + p.len() + a.len() + min_pad).max().unwrap_or(8).next_multiple_of(8);
+    let enc: Vec<(Vec<u32>, Vec<u32>)> = examples
+        .iter()
+        .map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer)))
+        .collect();
+    let t = enc
+        .iter()
+        .map(|(p, a)| 1 + p.len() + a.len() + min_pad)
+        .max()
+        .unwrap_or(8)
+        .next_multiple_of(8);
     let mut rows = vec![];
     let mut starts = vec![];
     for (p, a) in enc {
@@ -40,7 +48,14 @@ pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize
 
 /// A masked-diffusion batch. `shift`: Dream's shifted logits (targets at `i` read logits at
 /// `i − 1`; the returned tensors are already aligned to the logits, length `T − 1`).
-pub fn diffusion_batch(examples: &[Example], mask_id: u32, eps: f64, shift: bool, rng: &mut impl Rng, dev: &Device) -> Result<Batch> {
+pub fn diffusion_batch(
+    examples: &[Example],
+    mask_id: u32,
+    eps: f64,
+    shift: bool,
+    rng: &mut impl Rng,
+    dev: &Device,
+) -> Result<Batch> {
     let (rows, starts) = layout(examples, 1);
     let (b, t) = (rows.len(), rows[0].len());
     let mut ids = Vec::with_capacity(b * t);
@@ -57,7 +72,11 @@ pub fn diffusion_batch(examples: &[Example], mask_id: u32, eps: f64, shift: bool
         for i in 0..t {
             ids.push(if masked[i] { mask_id } else { row[i] });
             tg.push(row[i]);
-            w.push(if masked[i] { (1.0 / (tt * l)) as f32 } else { 0.0 });
+            w.push(if masked[i] {
+                (1.0 / (tt * l)) as f32
+            } else {
+                0.0
+            });
         }
     }
     let ids = Tensor::from_vec(ids, (b, t), dev)?;
@@ -67,7 +86,12 @@ pub fn diffusion_batch(examples: &[Example], mask_id: u32, eps: f64, shift: bool
         targets = targets.narrow(1, 1, t - 1)?;
         weights = weights.narrow(1, 1, t - 1)?;
     }
-    Ok(Batch { ids, targets, weights, tokens: b * t })
+    Ok(Batch {
+        ids,
+        targets,
+        weights,
+        tokens: b * t,
+    })
 }
 
 /// A next-token batch over the answers (causal models).
@@ -102,7 +126,13 @@ pub fn weighted_ce(logits: &Tensor, batch: &Batch, shift: bool) -> Result<Tensor
     };
     let b = logits.dim(0)? as f64;
     let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-    let nll = lsm.gather(&batch.targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?.squeeze(D::Minus1)?.neg()?;
+    let nll = lsm
+        .gather(
+            &batch.targets.unsqueeze(D::Minus1)?.contiguous()?,
+            D::Minus1,
+        )?
+        .squeeze(D::Minus1)?
+        .neg()?;
     (nll * &batch.weights)?.sum_all()? / b
 }
 
@@ -136,13 +166,19 @@ mod tests {
             let l = (ids[r].len() - s) as f32;
             let wm = w[r][masked[0]];
             assert!(masked.iter().all(|&i| (w[r][i] - wm).abs() < 1e-6));
-            assert!((0..ids[r].len()).filter(|i| !masked.contains(i)).all(|i| w[r][i] == 0.0));
+            assert!((0..ids[r].len())
+                .filter(|i| !masked.contains(i))
+                .all(|i| w[r][i] == 0.0));
             let t = 1.0 / (wm * l);
             assert!(t > 0.0 && t <= 1.0 + 1e-5);
             frac_sum += (masked.len() as f32 / l - t).abs();
         }
         // Mean |masked fraction − t| is small (binomial noise only).
-        assert!(frac_sum / (ex.len() as f32) < 0.12, "{}", frac_sum / ex.len() as f32);
+        assert!(
+            frac_sum / (ex.len() as f32) < 0.12,
+            "{}",
+            frac_sum / ex.len() as f32
+        );
     }
 
     #[test]

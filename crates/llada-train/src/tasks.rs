@@ -25,15 +25,23 @@ pub struct Example {
 pub const TASKS: [&str; 5] = ["add", "sort", "rev", "cumsum", "multi"];
 
 fn digits(rng: &mut StdRng, n: usize) -> String {
-    let mut s: String = (0..n).map(|_| char::from(b'0' + rng.random_range(0..10u8))).collect();
+    let mut s: String = (0..n)
+        .map(|_| char::from(b'0' + rng.random_range(0..10u8)))
+        .collect();
     if n > 1 && s.starts_with('0') {
-        s.replace_range(0..1, &char::from(b'1' + rng.random_range(0..9u8)).to_string());
+        s.replace_range(
+            0..1,
+            &char::from(b'1' + rng.random_range(0..9u8)).to_string(),
+        );
     }
     s
 }
 
 fn add_strings(a: &str, b: &str) -> String {
-    let (a, b): (Vec<u8>, Vec<u8>) = (a.bytes().rev().map(|c| c - b'0').collect(), b.bytes().rev().map(|c| c - b'0').collect());
+    let (a, b): (Vec<u8>, Vec<u8>) = (
+        a.bytes().rev().map(|c| c - b'0').collect(),
+        b.bytes().rev().map(|c| c - b'0').collect(),
+    );
     let mut out = vec![];
     let mut carry = 0;
     for i in 0..a.len().max(b.len()) {
@@ -49,7 +57,9 @@ fn add_strings(a: &str, b: &str) -> String {
 }
 
 fn one(rng: &mut StdRng, task: &'static str, scale: f64) -> (String, String) {
-    let len = |rng: &mut StdRng, max: usize| rng.random_range(1..=((max as f64 * scale).ceil() as usize).max(1));
+    let len = |rng: &mut StdRng, max: usize| {
+        rng.random_range(1..=((max as f64 * scale).ceil() as usize).max(1))
+    };
     match task {
         "add" => {
             let (la, lb) = (len(rng, 40), len(rng, 40));
@@ -61,12 +71,19 @@ fn one(rng: &mut StdRng, task: &'static str, scale: f64) -> (String, String) {
             let v: Vec<u8> = (0..n).map(|_| rng.random_range(0..10)).collect();
             let mut s = v.clone();
             s.sort();
-            let j = |v: &[u8]| v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" ");
+            let j = |v: &[u8]| {
+                v.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
             (format!("sort:{}", j(&v)), j(&s))
         }
         "rev" => {
             let n = len(rng, 60);
-            let w: String = (0..n).map(|_| char::from(b'a' + rng.random_range(0..26u8))).collect();
+            let w: String = (0..n)
+                .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+                .collect();
             (format!("rev:{w}"), w.chars().rev().collect())
         }
         _ => {
@@ -134,7 +151,11 @@ impl TaskGen {
             };
             let prompt = format!("{prompt}=");
             if is_held_out(&prompt) == self.held_out {
-                return Example { task: t, prompt, answer };
+                return Example {
+                    task: t,
+                    prompt,
+                    answer,
+                };
             }
         }
     }
@@ -165,7 +186,12 @@ mod tests {
             let e = g.next(None);
             assert!(!is_held_out(&e.prompt));
             if e.task == "add" {
-                let (a, b) = e.prompt.trim_start_matches("add:").trim_end_matches('=').split_once('+').unwrap();
+                let (a, b) = e
+                    .prompt
+                    .trim_start_matches("add:")
+                    .trim_end_matches('=')
+                    .split_once('+')
+                    .unwrap();
                 let (x, y): (u128, u128) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
                 if a.len() < 30 && b.len() < 30 {
                     assert_eq!(e.answer, (x + y).to_string());
@@ -184,6 +210,9 @@ mod tests {
         assert!(a.iter().all(|e| is_held_out(&e.prompt)));
         let longest = a.iter().map(|e| e.answer.len()).max().unwrap_or(0);
         let shortest = a.iter().map(|e| e.answer.len()).min().unwrap_or(0);
-        assert!(longest >= 100 && shortest <= 3, "answer lengths {shortest}..{longest}");
+        assert!(
+            longest >= 100 && shortest <= 3,
+            "answer lengths {shortest}..{longest}"
+        );
     }
 }

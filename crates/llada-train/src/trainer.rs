@@ -43,12 +43,23 @@ pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
     let tmp = dir.join("model.safetensors.tmp");
     model.varmap.save(&tmp)?;
     std::fs::rename(&tmp, dir.join("model.safetensors"))?;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&model.spec.config_json())?)?;
-    std::fs::write(dir.join("tokenizer.json"), CharVocab::tokenizer_json().to_string())?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&model.spec.config_json())?,
+    )?;
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        CharVocab::tokenizer_json().to_string(),
+    )?;
     Ok(())
 }
 
-fn batch_loss(model: &TrainModel, ex: &[Example], rng: &mut rand::rngs::StdRng, dev: &Device) -> Result<(candle_core::Tensor, usize)> {
+fn batch_loss(
+    model: &TrainModel,
+    ex: &[Example],
+    rng: &mut rand::rngs::StdRng,
+    dev: &Device,
+) -> Result<(candle_core::Tensor, usize)> {
     let s = &model.spec;
     let shift = s.format == Format::Dream;
     let b = match s.format {
@@ -60,7 +71,13 @@ fn batch_loss(model: &TrainModel, ex: &[Example], rng: &mut rand::rngs::StdRng, 
 }
 
 /// Train a task model; resumes from `out` when it holds a checkpoint and `resume` is set.
-pub fn train_tasks(spec: ModelSpec, opts: TrainOptions, out: &Path, resume: bool, quiet: bool) -> Result<TrainState> {
+pub fn train_tasks(
+    spec: ModelSpec,
+    opts: TrainOptions,
+    out: &Path,
+    resume: bool,
+    quiet: bool,
+) -> Result<TrainState> {
     let dev = Device::Cpu;
     let mut model = TrainModel::new(spec, &dev)?;
     let state_path = out.join("train_state.json");
@@ -77,12 +94,22 @@ pub fn train_tasks(spec: ModelSpec, opts: TrainOptions, out: &Path, resume: bool
             eprintln!("resuming from step {start} (AdamW moments restart)");
         }
     }
-    let params = ParamsAdamW { lr: opts.lr, weight_decay: 0.01, ..Default::default() };
+    let params = ParamsAdamW {
+        lr: opts.lr,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
     let mut opt = AdamW::new(model.varmap.all_vars(), params)?;
-    let pb = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(opts.steps as u64) };
+    let pb = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(opts.steps as u64)
+    };
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     pb.set_position(start as u64);
     let t0 = Instant::now();
@@ -95,7 +122,9 @@ pub fn train_tasks(spec: ModelSpec, opts: TrainOptions, out: &Path, resume: bool
     let mut last = 0.0;
     for step in start..opts.steps {
         // Seeded per step: a resumed run draws the same batches as an uninterrupted one.
-        let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003).wrapping_add(step as u64));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(
+            opts.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
+        );
         let mut gen = TaskGen::new(opts.seed.wrapping_add(step as u64 * 7919), false);
         let prog = step as f64 / (opts.steps as f64 * opts.curriculum).max(1.0);
         gen.scale = (0.2 + 0.8 * prog).min(1.0);
@@ -111,10 +140,17 @@ pub fn train_tasks(spec: ModelSpec, opts: TrainOptions, out: &Path, resume: bool
         opt.backward_step(&loss)?;
         let l = loss.to_scalar::<f32>()? as f64;
         tokens += ntok as u64;
-        ema = if ema.is_nan() { l } else { 0.98 * ema + 0.02 * l };
+        ema = if ema.is_nan() {
+            l
+        } else {
+            0.98 * ema + 0.02 * l
+        };
         last = l;
         let el = t0.elapsed().as_secs_f64();
-        pb.set_message(format!("loss {ema:.4} lr {lr:.2e} {:.0} tok/s", tokens as f64 / (wall0 + el).max(1e-9)));
+        pb.set_message(format!(
+            "loss {ema:.4} lr {lr:.2e} {:.0} tok/s",
+            tokens as f64 / (wall0 + el).max(1e-9)
+        ));
         pb.inc(1);
         if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps {
             save(&model, out)?;

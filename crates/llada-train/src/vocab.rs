@@ -23,12 +23,19 @@ impl CharVocab {
     }
     /// Id of a character, `None` if outside the vocabulary.
     pub fn id(c: char) -> Option<u32> {
-        CHARS.chars().position(|x| x == c).map(|p| (p + SPECIALS.len()) as u32)
+        CHARS
+            .chars()
+            .position(|x| x == c)
+            .map(|p| (p + SPECIALS.len()) as u32)
     }
     /// Encode a string (panics on characters outside the vocabulary: task generators only
     /// produce vocabulary characters).
     pub fn encode(s: &str) -> Vec<u32> {
-        s.chars().map(|c| Self::id(c).unwrap_or_else(|| panic!("character {c:?} not in the task vocabulary"))).collect()
+        s.chars()
+            .map(|c| {
+                Self::id(c).unwrap_or_else(|| panic!("character {c:?} not in the task vocabulary"))
+            })
+            .collect()
     }
     /// Decode ids, stopping at EOS and skipping other specials.
     pub fn decode(ids: &[u32]) -> String {

@@ -44,13 +44,27 @@ fn a_few_steps_lower_the_loss_on_a_fixed_batch() {
             _ => diffusion_batch(&ex, MASK, 1e-3, shift, &mut rng, &dev).unwrap(),
         };
         let causal = format == Format::Llama;
-        let mut opt = AdamW::new(model.varmap.all_vars(), ParamsAdamW { lr: 3e-3, ..Default::default() }).unwrap();
-        let loss0 = weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift).unwrap().to_scalar::<f32>().unwrap();
+        let mut opt = AdamW::new(
+            model.varmap.all_vars(),
+            ParamsAdamW {
+                lr: 3e-3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let loss0 = weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         for _ in 0..40 {
-            let loss = weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift).unwrap();
+            let loss =
+                weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift).unwrap();
             opt.backward_step(&loss).unwrap();
         }
-        let loss1 = weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift).unwrap().to_scalar::<f32>().unwrap();
+        let loss1 = weighted_ce(&model.forward(&batch.ids, causal).unwrap(), &batch, shift)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(loss1 < 0.6 * loss0, "{format:?}: loss {loss0} -> {loss1}");
     }
 }
@@ -58,9 +72,17 @@ fn a_few_steps_lower_the_loss_on_a_fixed_batch() {
 #[test]
 fn checkpoints_round_trip_through_the_engine_loader() {
     let dev = Device::Cpu;
-    for (format, causal) in [(Format::LLaDA, false), (Format::Dream, false), (Format::Llama, true)] {
+    for (format, causal) in [
+        (Format::LLaDA, false),
+        (Format::Dream, false),
+        (Format::Llama, true),
+    ] {
         let model = TrainModel::new(spec(format), &dev).unwrap();
-        let dir = std::env::temp_dir().join(format!("llada-train-rt-{:?}-{}", format, std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "llada-train-rt-{:?}-{}",
+            format,
+            std::process::id()
+        ));
         save(&model, &dir).unwrap();
         let loaded = Model::load(&dir, &LoadOptions::default()).unwrap();
         assert_eq!(loaded.config.shift_logits, format == Format::Dream);
@@ -70,14 +92,37 @@ fn checkpoints_round_trip_through_the_engine_loader() {
         assert_eq!(ids, CharVocab::encode("sort:3 1 2="));
         let positions: Vec<u32> = (0..ids.len() as u32).collect();
         let mut cache = loaded.new_cache();
-        let mask = if causal { AttnMask::Causal } else { AttnMask::Bidirectional };
+        let mask = if causal {
+            AttnMask::Causal
+        } else {
+            AttnMask::Bidirectional
+        };
         let ours = loaded
-            .forward(&ForwardRequest { tokens: &ids, positions: &positions, mask, kv_write: KvWrite::None, logits: LogitRows::All }, &mut cache)
+            .forward(
+                &ForwardRequest {
+                    tokens: &ids,
+                    positions: &positions,
+                    mask,
+                    kv_write: KvWrite::None,
+                    logits: LogitRows::All,
+                },
+                &mut cache,
+            )
             .unwrap();
         let t = Tensor::from_vec(ids.clone(), (1, ids.len()), &dev).unwrap();
-        let reference: Vec<f32> = model.forward(&t, causal).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let reference: Vec<f32> = model
+            .forward(&t, causal)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let scale = reference.iter().fold(0f32, |a, b| a.max(b.abs()));
-        let err = ours.logits.iter().zip(&reference).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        let err = ours
+            .logits
+            .iter()
+            .zip(&reference)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
         assert!(err / scale < 1e-4, "{format:?}: rel err {}", err / scale);
         let _ = std::fs::remove_dir_all(&dir);
     }
