@@ -13,6 +13,7 @@ Writes (see README.md next to this file for the exact formats):
   OUTDIR/gguf-llama-q8.gguf    (all 2-D weights Q8_0, general.alignment = 64)
   OUTDIR/gguf-llama-q4_1.gguf  (2-D weights Q4_1, token_embd Q8_0 — the SmolLM2 mix)
   OUTDIR/expected.json, OUTDIR/quant_cases.json
+  OUTDIR/diffusion_expected.json  (greedy LLaDA / Dream diffusion goldens, via ref_diffusion.py)
 
 Standard library + numpy only. Deterministic (fixed seeds); runs in a few seconds.
 All random weights are snapped to values exactly representable in bf16 AND f16, so the
@@ -460,6 +461,11 @@ def main(argv):
         json.dump(expected, f)
     with open(os.path.join(outdir, "quant_cases.json"), "w") as f:
         json.dump(quant_cases(), f, indent=1)
+    # diffusion goldens, computed from the HF files just written (and checked against expected.json)
+    import ref_diffusion  # noqa: E402
+    doc = ref_diffusion.write(outdir, os.path.join(outdir, "diffusion_expected.json"), verbose=False)
+    summary.append(f"diffusion_expected.json: {len(doc['cases'])} cases, smallest min_margin "
+                   f"{min(c['min_margin'] for c in doc['cases'] if c['min_margin'] is not None):.2e}")
     for s in summary:
         print(s)
     print(f"fixtures written to {outdir} in {time.time() - t0:.1f}s")
