@@ -51,6 +51,13 @@ pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
         dir.join("tokenizer.json"),
         CharVocab::tokenizer_json().to_string(),
     )?;
+    // Task prompts are used as they are: a template that adds nothing.
+    let tcfg = serde_json::json!({
+        "chat_template": "{{ messages[0]['content'] }}",
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tcfg)?)?;
     Ok(())
 }
 
