@@ -7,9 +7,12 @@
 //!   checkpoints' tensor names (LLaDA: `model.transformer.*`; Dream/Qwen2: `model.layers.*`);
 //! * [`objective`]: masked diffusion (LLaDA, with the 1/t weighting), its shifted Dream variant,
 //!   and next-token prediction;
+//! * [`prose`]: prose corpora (Austen, KJV) tokenized by a BPE trained with `tokenizers`, or by
+//!   SmolLM2's tokenizer for the draft; random windows with a held-out tail;
 //! * [`trainer`]: AdamW loop with progress bar, seeded and resumable, saving HF directories.
 pub mod model;
 pub mod objective;
+pub mod prose;
 pub mod tasks;
 pub mod trainer;
 pub mod vocab;

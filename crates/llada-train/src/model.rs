@@ -33,11 +33,23 @@ pub struct ModelSpec {
     pub mask_id: u32,
     pub eos_id: u32,
     pub bos_id: u32,
+    /// Tie the LM head to the embedding (Llama format only; no `lm_head.weight` is saved).
+    pub tied: bool,
+    /// Store weights as f16 (training stays in f32).
+    pub store_f16: bool,
 }
 
 impl ModelSpec {
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
+    }
+
+    fn dtype_name(&self) -> &'static str {
+        if self.store_f16 {
+            "float16"
+        } else {
+            "float32"
+        }
     }
 
     /// `config.json` with the real field names of the format.
@@ -53,7 +65,7 @@ impl ModelSpec {
                 "eos_token_id": self.eos_id, "pad_token_id": self.eos_id, "bos_token_id": self.bos_id,
                 "weight_tying": false, "include_bias": false, "include_qkv_bias": false,
                 "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "rope": true,
-                "torch_dtype": "float32"
+                "torch_dtype": self.dtype_name()
             }),
             Format::Dream => json!({
                 "architectures": ["DreamModel"], "model_type": "Dream",
@@ -63,16 +75,16 @@ impl ModelSpec {
                 "rope_theta": self.rope_theta, "vocab_size": self.vocab, "tie_word_embeddings": false,
                 "mask_token_id": self.mask_id, "bos_token_id": self.bos_id, "eos_token_id": self.eos_id,
                 "pad_token_id": self.eos_id, "max_position_embeddings": self.max_len, "hidden_act": "silu",
-                "torch_dtype": "float32"
+                "torch_dtype": self.dtype_name()
             }),
             Format::Llama => json!({
                 "architectures": ["LlamaForCausalLM"], "model_type": "llama",
                 "hidden_size": self.d_model, "intermediate_size": self.ffn,
                 "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
                 "num_hidden_layers": self.n_layers, "rms_norm_eps": self.rms_eps,
-                "rope_theta": self.rope_theta, "vocab_size": self.vocab, "tie_word_embeddings": false,
+                "rope_theta": self.rope_theta, "vocab_size": self.vocab, "tie_word_embeddings": self.tied,
                 "bos_token_id": self.bos_id, "eos_token_id": self.eos_id,
-                "max_position_embeddings": self.max_len, "hidden_act": "silu", "torch_dtype": "float32"
+                "max_position_embeddings": self.max_len, "hidden_act": "silu", "torch_dtype": self.dtype_name()
             }),
         }
     }
@@ -217,7 +229,11 @@ impl TrainModel {
             });
         }
         let norm = vb.get_with_hints(d, norm_n, ones)?;
-        let head = vb.get_with_hints((spec.vocab, d), head_n, init)?;
+        let head = if spec.tied && spec.format == Format::Llama {
+            embed.clone()
+        } else {
+            vb.get_with_hints((spec.vocab, d), head_n, init)?
+        };
         Ok(Self {
             spec,
             varmap,

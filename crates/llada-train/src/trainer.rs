@@ -37,44 +37,156 @@ pub struct TrainState {
     pub options: TrainOptions,
 }
 
-/// Save `model` as an HF directory (config.json, model.safetensors, tokenizer.json).
+/// Where training batches come from.
+pub trait DataSource {
+    /// The batch of `step` (deterministic given `rng`), or the fixed held-out batch.
+    fn batch(
+        &mut self,
+        step: usize,
+        progress: f64,
+        spec: &ModelSpec,
+        heldout: bool,
+        rng: &mut rand::rngs::StdRng,
+        dev: &Device,
+    ) -> Result<crate::objective::Batch>;
+    /// Write `tokenizer.json` (and `tokenizer_config.json`) into `dir`.
+    fn save_tokenizer(&self, dir: &Path) -> Result<()>;
+}
+
+/// The synthetic tasks (char vocabulary), with a length curriculum.
+pub struct TaskData {
+    pub batch: usize,
+    pub seed: u64,
+    pub curriculum: f64,
+}
+
+impl DataSource for TaskData {
+    fn batch(
+        &mut self,
+        step: usize,
+        progress: f64,
+        spec: &ModelSpec,
+        heldout: bool,
+        rng: &mut rand::rngs::StdRng,
+        dev: &Device,
+    ) -> Result<crate::objective::Batch> {
+        let mut gen = if heldout {
+            TaskGen::new(self.seed ^ 0xabcdef, true)
+        } else {
+            TaskGen::new(self.seed.wrapping_add(step as u64 * 7919), false)
+        };
+        if !heldout {
+            gen.scale = (0.2 + 0.8 * progress / self.curriculum.max(1e-9)).min(1.0);
+        }
+        let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(None)).collect();
+        Ok(match spec.format {
+            Format::Llama => next_token_batch(&ex, dev)?,
+            f => diffusion_batch(&ex, spec.mask_id, 1e-3, f == Format::Dream, rng, dev)?,
+        })
+    }
+    fn save_tokenizer(&self, dir: &Path) -> Result<()> {
+        std::fs::write(
+            dir.join("tokenizer.json"),
+            CharVocab::tokenizer_json().to_string(),
+        )?;
+        // Task prompts are used as they are: a template that adds nothing.
+        let tcfg = serde_json::json!({
+            "chat_template": "{{ messages[0]['content'] }}",
+            "bos_token": "<|startoftext|>",
+            "eos_token": "<|endoftext|>"
+        });
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            serde_json::to_string_pretty(&tcfg)?,
+        )?;
+        Ok(())
+    }
+}
+
+/// Prose windows (masked-diffusion pretraining for LLaDA/Dream, next-token for Llama drafts).
+pub struct ProseData {
+    pub corpus: crate::prose::Corpus,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub batch: usize,
+    pub seq_len: usize,
+}
+
+impl DataSource for ProseData {
+    fn batch(
+        &mut self,
+        _step: usize,
+        _progress: f64,
+        spec: &ModelSpec,
+        heldout: bool,
+        rng: &mut rand::rngs::StdRng,
+        dev: &Device,
+    ) -> Result<crate::objective::Batch> {
+        Ok(match spec.format {
+            Format::Llama => crate::prose::next_token_windows(
+                &self
+                    .corpus
+                    .windows(heldout, self.batch, self.seq_len + 1, rng),
+                dev,
+            )?,
+            _ => crate::prose::pretrain_batch(
+                &self.corpus.windows(heldout, self.batch, self.seq_len, rng),
+                spec.mask_id,
+                1e-3,
+                rng,
+                dev,
+            )?,
+        })
+    }
+    fn save_tokenizer(&self, dir: &Path) -> Result<()> {
+        self.tokenizer
+            .save(dir.join("tokenizer.json"), false)
+            .map_err(|e| anyhow::anyhow!("saving tokenizer: {e}"))?;
+        let tcfg = serde_json::json!({"chat_template": "{{ messages[0]['content'] }}", "eos_token": "<|endoftext|>"});
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            serde_json::to_string_pretty(&tcfg)?,
+        )?;
+        Ok(())
+    }
+}
+
+/// Save `model` as an HF directory (config.json, model.safetensors) plus the data's tokenizer.
+pub fn save_with(model: &TrainModel, data: &dyn DataSource, dir: &Path) -> Result<()> {
+    save(model, dir)?;
+    data.save_tokenizer(dir)
+}
+
+/// Save `model`'s weights and `config.json` as an HF directory (the tokenizer comes from the data:
+/// [`save_with`]).
 pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tmp = dir.join("model.safetensors.tmp");
-    model.varmap.save(&tmp)?;
+    let dtype = if model.spec.store_f16 {
+        candle_core::DType::F16
+    } else {
+        candle_core::DType::F32
+    };
+    let tensors: std::collections::HashMap<String, candle_core::Tensor> = model
+        .varmap
+        .data()
+        .lock()
+        .map_err(|_| anyhow::anyhow!("variable map poisoned"))?
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(dtype)?)))
+        .collect::<candle_core::Result<_>>()?;
+    candle_core::safetensors::save(&tensors, &tmp)?;
     std::fs::rename(&tmp, dir.join("model.safetensors"))?;
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string_pretty(&model.spec.config_json())?,
     )?;
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        CharVocab::tokenizer_json().to_string(),
-    )?;
-    // Task prompts are used as they are: a template that adds nothing.
-    let tcfg = serde_json::json!({
-        "chat_template": "{{ messages[0]['content'] }}",
-        "bos_token": "<|startoftext|>",
-        "eos_token": "<|endoftext|>"
-    });
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tcfg)?)?;
     Ok(())
 }
 
-fn batch_loss(
-    model: &TrainModel,
-    ex: &[Example],
-    rng: &mut rand::rngs::StdRng,
-    dev: &Device,
-) -> Result<(candle_core::Tensor, usize)> {
+fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_core::Tensor> {
     let s = &model.spec;
-    let shift = s.format == Format::Dream;
-    let b = match s.format {
-        Format::Llama => next_token_batch(ex, dev)?,
-        _ => diffusion_batch(ex, s.mask_id, 1e-3, shift, rng, dev)?,
-    };
     let logits = model.forward(&b.ids, s.format == Format::Llama)?;
-    Ok((weighted_ce(&logits, &b, shift)?, b.tokens))
+    Ok(weighted_ce(&logits, b, s.format == Format::Dream)?)
 }
 
 /// Train a task model; resumes from `out` when it holds a checkpoint and `resume` is set.
@@ -85,15 +197,44 @@ pub fn train_tasks(
     resume: bool,
     quiet: bool,
 ) -> Result<TrainState> {
+    let mut data = TaskData {
+        batch: opts.batch,
+        seed: opts.seed,
+        curriculum: opts.curriculum,
+    };
+    train(spec, opts, out, resume, quiet, &mut data)
+}
+
+/// Train on any data source; checkpoints go to `out` (resumable with `resume`).
+pub fn train(
+    spec: ModelSpec,
+    opts: TrainOptions,
+    out: &Path,
+    resume: bool,
+    quiet: bool,
+    data: &mut dyn DataSource,
+) -> Result<TrainState> {
     let dev = Device::Cpu;
-    let mut model = TrainModel::new(spec, &dev)?;
+    let model = TrainModel::new(spec, &dev)?;
     let state_path = out.join("train_state.json");
     let mut start = 0;
     let mut wall0 = 0.0;
     let mut tokens: u64 = 0;
     if resume && state_path.exists() {
         let st: TrainState = serde_json::from_str(&std::fs::read_to_string(&state_path)?)?;
-        model.varmap.load(out.join("model.safetensors"))?;
+        let saved = candle_core::safetensors::load(out.join("model.safetensors"), &dev)?;
+        for (name, var) in model
+            .varmap
+            .data()
+            .lock()
+            .map_err(|_| anyhow::anyhow!("variable map poisoned"))?
+            .iter()
+        {
+            let t = saved
+                .get(name)
+                .with_context(|| format!("checkpoint lacks {name}"))?;
+            var.set(&t.to_dtype(candle_core::DType::F32)?)?;
+        }
         start = st.step;
         wall0 = st.wall_s;
         tokens = st.tokens;
@@ -122,9 +263,9 @@ pub fn train_tasks(
     let t0 = Instant::now();
     let mut ema = f64::NAN;
     // Held-out batch for the loss report (fixed).
-    let heldout: Vec<Example> = {
-        let mut g = TaskGen::new(opts.seed ^ 0xabcdef, true);
-        (0..opts.batch).map(|_| g.next(None)).collect()
+    let heldout = {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x5eed);
+        data.batch(0, 1.0, &model.spec, true, &mut rng, &dev)?
     };
     let mut last = 0.0;
     for step in start..opts.steps {
@@ -132,10 +273,8 @@ pub fn train_tasks(
         let mut rng = rand::rngs::StdRng::seed_from_u64(
             opts.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
         );
-        let mut gen = TaskGen::new(opts.seed.wrapping_add(step as u64 * 7919), false);
-        let prog = step as f64 / (opts.steps as f64 * opts.curriculum).max(1.0);
-        gen.scale = (0.2 + 0.8 * prog).min(1.0);
-        let ex: Vec<Example> = (0..opts.batch).map(|_| gen.next(None)).collect();
+        let progress = step as f64 / opts.steps.max(1) as f64;
+        let batch = data.batch(step, progress, &model.spec, false, &mut rng, &dev)?;
         let lr = if step < opts.warmup {
             opts.lr * (step + 1) as f64 / opts.warmup as f64
         } else {
@@ -143,7 +282,8 @@ pub fn train_tasks(
             opts.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos()))
         };
         opt.set_learning_rate(lr);
-        let (loss, ntok) = batch_loss(&model, &ex, &mut rng, &dev)?;
+        let loss = batch_loss(&model, &batch)?;
+        let ntok = batch.tokens;
         opt.backward_step(&loss)?;
         let l = loss.to_scalar::<f32>()? as f64;
         tokens += ntok as u64;
@@ -160,9 +300,8 @@ pub fn train_tasks(
         ));
         pb.inc(1);
         if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps {
-            save(&model, out)?;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-            let (hl, _) = batch_loss(&model, &heldout, &mut rng, &dev)?;
+            save_with(&model, &*data, out)?;
+            let hl = batch_loss(&model, &heldout)?;
             let st = TrainState {
                 step: step + 1,
                 loss: ema,

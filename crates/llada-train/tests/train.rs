@@ -7,7 +7,7 @@ use llada_model::{AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Mod
 use llada_train::model::{Format, ModelSpec, TrainModel};
 use llada_train::objective::{diffusion_batch, next_token_batch, weighted_ce};
 use llada_train::tasks::TaskGen;
-use llada_train::trainer::save;
+use llada_train::trainer::{save_with, TaskData};
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use rand::SeedableRng;
 
@@ -26,6 +26,8 @@ fn spec(format: Format) -> ModelSpec {
         mask_id: MASK,
         eos_id: EOS,
         bos_id: BOS,
+        tied: format == Format::Llama,
+        store_f16: format == Format::Dream,
     }
 }
 
@@ -83,7 +85,16 @@ fn checkpoints_round_trip_through_the_engine_loader() {
             format,
             std::process::id()
         ));
-        save(&model, &dir).unwrap();
+        save_with(
+            &model,
+            &TaskData {
+                batch: 1,
+                seed: 0,
+                curriculum: 1.0,
+            },
+            &dir,
+        )
+        .unwrap();
         let loaded = Model::load(&dir, &LoadOptions::default()).unwrap();
         assert_eq!(loaded.config.shift_logits, format == Format::Dream);
         assert_eq!(loaded.config.mask_id.is_some(), format != Format::Llama);
@@ -123,7 +134,9 @@ fn checkpoints_round_trip_through_the_engine_loader() {
             .iter()
             .zip(&reference)
             .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
-        assert!(err / scale < 1e-4, "{format:?}: rel err {}", err / scale);
+        // Dream is stored in f16 here: its logits move by the f16 rounding of the weights.
+        let tol = if format == Format::Dream { 1e-2 } else { 1e-4 };
+        assert!(err / scale < tol, "{format:?}: rel err {}", err / scale);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,177 @@
+//! Prose data: the Austen and KJV corpora (`scripts/fetch_corpora.py` writes `data/*.txt`),
+//! a byte-level BPE trained on them with the `tokenizers` crate, and random training windows.
+//! The last 2% of each corpus (by lines) is held out.
+
+use crate::objective::Batch;
+use anyhow::{Context, Result};
+use candle_core::{Device, Tensor};
+use rand::Rng;
+use std::path::Path;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+
+/// Special tokens of the prose tokenizer, ids 0, 1, 2.
+pub const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|startoftext|>", "<|mask|>"];
+
+/// Train a byte-level BPE of `vocab` tokens on `files`.
+pub fn train_bpe(files: &[&Path], vocab: usize) -> Result<Tokenizer> {
+    let mut trainer = TrainerWrapper::BpeTrainer(
+        BpeTrainerBuilder::new()
+            .vocab_size(vocab)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(
+                SPECIALS
+                    .iter()
+                    .map(|s| AddedToken::from(*s, true))
+                    .collect(),
+            )
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build(),
+    );
+    let mut tok = Tokenizer::new(BPE::default());
+    tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tok.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+    let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    tok.train_from_files(&mut trainer, files)
+        .map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
+    Ok(tok)
+}
+
+/// A tokenized corpus: train and held-out id streams (paragraphs separated by EOS).
+pub struct Corpus {
+    pub train: Vec<u32>,
+    pub heldout: Vec<u32>,
+}
+
+impl Corpus {
+    /// Tokenize `files` (one paragraph per line) with `tok`; `eos` separates paragraphs.
+    pub fn load(files: &[&Path], tok: &Tokenizer, eos: u32) -> Result<Self> {
+        let mut train = vec![];
+        let mut heldout = vec![];
+        for f in files {
+            let text = std::fs::read_to_string(f).with_context(|| {
+                format!("reading {} (run scripts/fetch_corpora.py)", f.display())
+            })?;
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            let cut = lines.len() * 98 / 100;
+            for (i, chunk) in [&lines[..cut], &lines[cut..]].into_iter().enumerate() {
+                let enc = tok
+                    .encode_batch(chunk.to_vec(), false)
+                    .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+                let dst = if i == 0 { &mut train } else { &mut heldout };
+                for e in enc {
+                    dst.extend_from_slice(e.get_ids());
+                    dst.push(eos);
+                }
+            }
+        }
+        Ok(Self { train, heldout })
+    }
+
+    /// `b` random windows of `t` tokens.
+    pub fn windows(&self, heldout: bool, b: usize, t: usize, rng: &mut impl Rng) -> Vec<Vec<u32>> {
+        let src = if heldout { &self.heldout } else { &self.train };
+        (0..b)
+            .map(|_| {
+                let s = rng.random_range(0..src.len().saturating_sub(t + 1).max(1));
+                src[s..(s + t).min(src.len())].to_vec()
+            })
+            .collect()
+    }
+}
+
+/// Masked-diffusion pretraining batch: every position masked with probability `t` (at least
+/// one), weight `1 / (t · T)`.
+pub fn pretrain_batch(
+    rows: &[Vec<u32>],
+    mask_id: u32,
+    eps: f64,
+    rng: &mut impl Rng,
+    dev: &Device,
+) -> Result<Batch> {
+    let (b, t) = (rows.len(), rows[0].len());
+    let (mut ids, mut tg, mut w) = (
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+    );
+    for row in rows {
+        let tt: f64 = eps + (1.0 - eps) * rng.random::<f64>();
+        let mut masked: Vec<bool> = (0..t).map(|_| rng.random::<f64>() < tt).collect();
+        if !masked.iter().any(|m| *m) {
+            masked[rng.random_range(0..t)] = true;
+        }
+        for i in 0..t {
+            ids.push(if masked[i] { mask_id } else { row[i] });
+            tg.push(row[i]);
+            w.push(if masked[i] {
+                (1.0 / (tt * t as f64)) as f32
+            } else {
+                0.0
+            });
+        }
+    }
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, t), dev)?,
+        targets: Tensor::from_vec(tg, (b, t), dev)?,
+        weights: Tensor::from_vec(w, (b, t), dev)?,
+        tokens: b * t,
+    })
+}
+
+/// Next-token batch over windows of `t + 1` tokens.
+pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
+    let (b, t) = (rows.len(), rows[0].len() - 1);
+    let ids: Vec<u32> = rows.iter().flat_map(|r| r[..t].to_vec()).collect();
+    let tg: Vec<u32> = rows.iter().flat_map(|r| r[1..].to_vec()).collect();
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, t), dev)?,
+        targets: Tensor::from_vec(tg, (b, t), dev)?,
+        weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
+        tokens: b * t,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn pretrain_masks_everywhere_with_inverse_t_weight() {
+        let rows = vec![(0..64).collect::<Vec<u32>>(); 16];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let b = pretrain_batch(&rows, 999, 1e-3, &mut rng, &Device::Cpu).unwrap();
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+        for (r, wr) in ids.iter().zip(&w) {
+            let m: Vec<usize> = (0..64).filter(|&i| r[i] == 999).collect();
+            assert!(!m.is_empty());
+            let t = 1.0 / (wr[m[0]] * 64.0);
+            assert!(t > 0.0 && t <= 1.0 + 1e-5);
+            assert!((0..64).all(|i| (r[i] == 999) == (wr[i] > 0.0)));
+        }
+    }
+
+    #[test]
+    fn bpe_trains_and_roundtrips() {
+        let dir = std::env::temp_dir().join(format!("llada-bpe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("a.txt");
+        std::fs::write(
+            &f,
+            "It is a truth universally acknowledged.\nIn the beginning was the Word.\n".repeat(50),
+        )
+        .unwrap();
+        let tok = train_bpe(&[&f], 300).unwrap();
+        assert_eq!(tok.token_to_id("<|mask|>"), Some(2));
+        let e = tok.encode("In the beginning", false).unwrap();
+        assert_eq!(tok.decode(e.get_ids(), true).unwrap(), "In the beginning");
+        let c = Corpus::load(&[&f], &tok, 0).unwrap();
+        assert!(!c.train.is_empty() && !c.heldout.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
