@@ -106,7 +106,7 @@ impl DiffusionConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.gen_length == 0
             || self.block_length == 0
-            || self.gen_length % self.block_length != 0
+            || !self.gen_length.is_multiple_of(self.block_length)
         {
             return Err(format!(
                 "gen_length {} must be a positive multiple of block_length {}",
@@ -114,7 +114,7 @@ impl DiffusionConfig {
             ));
         }
         let blocks = self.gen_length / self.block_length;
-        if self.steps == 0 || self.steps % blocks != 0 {
+        if self.steps == 0 || !self.steps.is_multiple_of(blocks) {
             return Err(format!(
                 "steps {} must be a positive multiple of the number of blocks {blocks}",
                 self.steps
@@ -125,7 +125,7 @@ impl DiffusionConfig {
                 return Err(format!("threshold must be in (0, 1], got {t}"));
             }
         }
-        if !(self.temperature >= 0.0) {
+        if self.temperature.is_nan() || self.temperature < 0.0 {
             return Err(format!("temperature must be ≥ 0, got {}", self.temperature));
         }
         Ok(())

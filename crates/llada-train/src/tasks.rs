@@ -110,7 +110,7 @@ pub fn is_held_out(prompt: &str) -> bool {
         h ^= b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
-    h % 16 == 0
+    h.is_multiple_of(16)
 }
 
 /// A stream of examples. `scale` (0, 1] shrinks the length ranges (curriculum).
