@@ -14,6 +14,7 @@
 pub mod dequant;
 pub mod qmatmul;
 pub mod types;
+pub mod vecops;
 
 pub use qmatmul::{matmul_f32, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs};
 pub use types::GgmlType;

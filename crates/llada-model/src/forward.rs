@@ -11,6 +11,7 @@
 //! Logits are returned raw, per row; Dream's one-position shift is the decoder's business.
 
 use crate::{Model, ModelError};
+use llada_kernels::vecops::{axpy, dot};
 use llada_runtime::trace::{OpSpan, Tracer};
 use llada_runtime::KvCache;
 use rayon::prelude::*;
@@ -102,22 +103,6 @@ impl ForwardOutput {
     pub fn for_batch_row(&self, r: usize) -> Option<&[f32]> {
         self.rows.iter().position(|&x| x == r).map(|i| self.row(i))
     }
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let n8 = a.len() / 8 * 8;
-    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for i in n8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f64, rows: &[usize], layer: i32) -> Vec<f32> {
@@ -328,49 +313,50 @@ impl Model {
                 let mask = req.mask;
                 let positions = req.positions;
                 let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
-                attn.par_chunks_mut(hd)
+                // One task per (row, KV group): the group's query heads share every key/value
+                // row they read (GQA), and the visible-key list is built once.
+                attn.par_chunks_mut(group * hd)
                     .enumerate()
-                    .with_min_len(4)
                     .for_each(|(idx, out)| {
-                        let (i, head) = (idx / nh, idx % nh);
-                        let g = head / group;
-                        let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                        let (i, g) = (idx / nkv, idx % nkv);
                         let pi = positions[i];
-                        let mut scores: Vec<f32> = Vec::with_capacity(old_len + n);
-                        let mut vals: Vec<&[f32]> = Vec::with_capacity(old_len + n);
+                        let mut kv: Vec<(&[f32], &[f32])> = Vec::with_capacity(old_len + n);
                         for s in 0..old_len {
                             if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
                                 continue;
                             }
                             let o = s * kvd + g * hd;
-                            scores.push(dot(qv, &ck[o..o + hd]) * scale);
-                            vals.push(&cv[o..o + hd]);
+                            kv.push((&ck[o..o + hd], &cv[o..o + hd]));
                         }
                         for j in 0..n {
                             let vis = match mask {
                                 AttnMask::Explicit(m) => m[i * n + j],
                                 _ => mask.by_pos(pi, positions[j]),
                             };
-                            if !vis {
-                                continue;
+                            if vis {
+                                let o = j * kvd + g * hd;
+                                kv.push((&k[o..o + hd], &v[o..o + hd]));
                             }
-                            let o = j * kvd + g * hd;
-                            scores.push(dot(qv, &k[o..o + hd]) * scale);
-                            vals.push(&v[o..o + hd]);
                         }
-                        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                        let mut sum = 0f32;
-                        for s in scores.iter_mut() {
-                            *s = (*s - mx).exp();
-                            sum += *s;
-                        }
-                        out.iter_mut().for_each(|o| *o = 0.0);
-                        if sum > 0.0 {
-                            let inv = 1.0 / sum;
-                            for (p, vr) in scores.iter().zip(&vals) {
-                                let p = p * inv;
-                                for (o, vv) in out.iter_mut().zip(vr.iter()) {
-                                    *o += p * vv;
+                        let mut scores = vec![0f32; kv.len()];
+                        for (hh, out) in out.chunks_exact_mut(hd).enumerate() {
+                            let head = g * group + hh;
+                            let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                            let mut mx = f32::NEG_INFINITY;
+                            for (sc, (kr, _)) in scores.iter_mut().zip(&kv) {
+                                *sc = dot(qv, kr) * scale;
+                                mx = mx.max(*sc);
+                            }
+                            let mut sum = 0f32;
+                            for sc in scores.iter_mut() {
+                                *sc = (*sc - mx).exp();
+                                sum += *sc;
+                            }
+                            out.iter_mut().for_each(|o| *o = 0.0);
+                            if sum > 0.0 {
+                                let inv = 1.0 / sum;
+                                for (p, (_, vr)) in scores.iter().zip(&kv) {
+                                    axpy(out, p * inv, vr);
                                 }
                             }
                         }
