@@ -9,7 +9,7 @@ use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
 use llada_train::tasks::{held_out_split, TASKS};
-use llada_train::trainer::{train_tasks, TrainOptions};
+use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +36,12 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in the output directory.
     #[arg(long)]
     resume: bool,
+    /// Restrict task models to these tasks (comma-separated: add,sort,rev,cumsum,multi).
+    #[arg(long, value_delimiter = ',')]
+    tasks: Vec<String>,
+    /// Scale task lengths down (0 < s ≤ 1), e.g. for quick experiments.
+    #[arg(long, default_value_t = 1.0)]
+    max_scale: f64,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -194,7 +200,28 @@ pub fn train(a: TrainArgs) -> Result<()> {
         opts.steps,
         opts.batch
     );
-    let st = train_tasks(spec, opts, &out, a.resume, false)?;
+    let tasks: Vec<&'static str> = a
+        .tasks
+        .iter()
+        .map(|t| {
+            TASKS
+                .iter()
+                .copied()
+                .find(|x| x == t)
+                .with_context(|| format!("unknown task '{t}' (add, sort, rev, cumsum, multi)"))
+        })
+        .collect::<Result<_>>()?;
+    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
+        bail!("--max-scale must be in (0, 1]");
+    }
+    let mut data = llada_train::trainer::TaskData {
+        batch: opts.batch,
+        seed: opts.seed,
+        curriculum: opts.curriculum,
+        tasks,
+        max_scale: a.max_scale,
+    };
+    let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     eprintln!(
         "done: step {} train loss {:.4} held-out loss {:.4} in {:.0}s",
         st.step,

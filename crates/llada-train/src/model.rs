@@ -323,7 +323,9 @@ impl TrainModel {
             if let Some(m) = &mask {
                 att = att.broadcast_add(m)?;
             }
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            // candle_nn::ops::softmax_last_dim records no backward (apply_op1_no_bwd): gradients
+            // would not reach q/k. The composed softmax is differentiable.
+            let att = candle_nn::ops::softmax(&att, D::Minus1)?;
             let o = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
             x = (x + linear(&o, &l.o, None)?)?;
             let h = rms_norm(&x, &l.ffn_norm, s.rms_eps)?;

@@ -58,6 +58,10 @@ pub struct TaskData {
     pub batch: usize,
     pub seed: u64,
     pub curriculum: f64,
+    /// Tasks to draw from (empty: all).
+    pub tasks: Vec<&'static str>,
+    /// Largest length scale (1 = full task lengths).
+    pub max_scale: f64,
 }
 
 impl DataSource for TaskData {
@@ -75,9 +79,14 @@ impl DataSource for TaskData {
         } else {
             TaskGen::new(self.seed.wrapping_add(step as u64 * 7919), false)
         };
-        if !heldout {
-            gen.scale = (0.2 + 0.8 * progress / self.curriculum.max(1e-9)).min(1.0);
+        if !self.tasks.is_empty() {
+            gen.tasks = self.tasks.clone();
         }
+        gen.scale = if heldout {
+            self.max_scale
+        } else {
+            (0.2 + 0.8 * progress / self.curriculum.max(1e-9)).min(1.0) * self.max_scale
+        };
         let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(None)).collect();
         Ok(match spec.format {
             Format::Llama => next_token_batch(&ex, dev)?,
@@ -201,6 +210,8 @@ pub fn train_tasks(
         batch: opts.batch,
         seed: opts.seed,
         curriculum: opts.curriculum,
+        tasks: vec![],
+        max_scale: 1.0,
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }
