@@ -91,6 +91,8 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 batch: 1,
                 seed: 0,
                 curriculum: 1.0,
+                tasks: vec![],
+                max_scale: 1.0,
             },
             &dir,
         )
