@@ -142,3 +142,46 @@ fn checkpoints_round_trip_through_the_engine_loader() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Every parameter — q/k projections included — receives a gradient (candle-nn's fused softmax
+/// records no backward and silently froze attention once).
+#[test]
+fn every_parameter_gets_a_gradient() {
+    let dev = Device::Cpu;
+    for format in [Format::LLaDA, Format::Dream, Format::Llama] {
+        let model = TrainModel::new(spec(format), &dev).unwrap();
+        let mut g = TaskGen::new(8, false);
+        g.scale = 0.2;
+        let ex: Vec<_> = (0..4).map(|_| g.next(None)).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let shift = format == Format::Dream;
+        let batch = match format {
+            Format::Llama => next_token_batch(&ex, &dev).unwrap(),
+            _ => diffusion_batch(&ex, MASK, 1e-3, shift, &mut rng, &dev).unwrap(),
+        };
+        let loss = weighted_ce(
+            &model.forward(&batch.ids, format == Format::Llama).unwrap(),
+            &batch,
+            shift,
+        )
+        .unwrap();
+        let grads = loss.backward().unwrap();
+        let vars = model.varmap.data().lock().unwrap();
+        for (name, var) in vars.iter() {
+            if name.ends_with(".bias") {
+                continue; // zero-initialised biases may legitimately see tiny gradients
+            }
+            let gr = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{format:?}: no gradient for {name}"));
+            let norm = gr
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(norm > 0.0, "{format:?}: zero gradient for {name}");
+        }
+    }
+}
