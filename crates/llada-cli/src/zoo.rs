@@ -71,6 +71,8 @@ fn preset(name: &str) -> Result<(ModelSpec, usize)> {
     Ok(match name {
         "tiny-llada-tasks" => (base(Format::LLaDA, 4), 3000),
         "tiny-dream-tasks" => (base(Format::Dream, 2), 3000),
+        // Autoregressive control on the same tasks (checks the trainer independently of diffusion).
+        "tiny-ar-tasks" => (base(Format::Llama, 4), 3000),
         other => bail!("unknown preset '{other}' (tiny-llada-tasks, tiny-dream-tasks, tiny-llada-prose, smollm2-draft)"),
     })
 }
