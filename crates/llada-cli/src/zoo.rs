@@ -16,7 +16,9 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct TrainArgs {
-    /// What to train: tiny-llada-tasks (LLaDA format) or tiny-dream-tasks (Dream format).
+    /// What to train: tiny-llada-tasks (LLaDA format), tiny-dream-tasks (Dream format),
+    /// tiny-ar-tasks (LLaMA, control), tiny-llada-prose (LLaDA on Austen + KJV), smollm2-draft
+    /// (LLaMA draft sharing SmolLM2's token ids). See docs/training.md.
     #[arg(long)]
     preset: String,
     /// Output directory (default: models/PRESET).
@@ -47,10 +49,8 @@ pub struct TrainArgs {
     checkpoint_every: usize,
 }
 
-fn preset(name: &str) -> Result<(ModelSpec, usize)> {
-    if let Some(p) = prose_preset(name, 0) {
-        return Ok(p);
-    }
+/// Task-model presets (char vocabulary): (spec, default steps).
+fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
     let base = |format, kv| ModelSpec {
         format,
         vocab: CharVocab::size(),
@@ -73,7 +73,7 @@ fn preset(name: &str) -> Result<(ModelSpec, usize)> {
         "tiny-dream-tasks" => (base(Format::Dream, 2), 3000),
         // Autoregressive control on the same tasks (checks the trainer independently of diffusion).
         "tiny-ar-tasks" => (base(Format::Llama, 4), 3000),
-        other => bail!("unknown preset '{other}' (tiny-llada-tasks, tiny-dream-tasks, tiny-llada-prose, smollm2-draft)"),
+        other => bail!("unknown preset '{other}' (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks, tiny-llada-prose, smollm2-draft)"),
     })
 }
 
@@ -182,7 +182,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
             .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
         return train_prose(&a, &out);
     }
-    let (spec, steps) = preset(&a.preset)?;
+    let (spec, steps) = task_preset(&a.preset)?;
     let out = a
         .out
         .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
