@@ -164,6 +164,11 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         seq_len: 128,
     };
     let st = train_with(spec, opts, out, a.resume, false, &mut data)?;
+    report(&st);
+    Ok(())
+}
+
+fn report(st: &llada_train::trainer::TrainState) {
     eprintln!(
         "done: step {} train loss {:.4} held-out loss {:.4} in {:.0}s",
         st.step,
@@ -171,7 +176,6 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         st.heldout_loss.unwrap_or(f64::NAN),
         st.wall_s
     );
-    Ok(())
 }
 
 pub fn train(a: TrainArgs) -> Result<()> {
@@ -224,13 +228,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         max_scale: a.max_scale,
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
-    eprintln!(
-        "done: step {} train loss {:.4} held-out loss {:.4} in {:.0}s",
-        st.step,
-        st.loss,
-        st.heldout_loss.unwrap_or(f64::NAN),
-        st.wall_s
-    );
+    report(&st);
     Ok(())
 }
 
