@@ -49,6 +49,22 @@ pub struct TrainArgs {
     checkpoint_every: usize,
 }
 
+impl TrainArgs {
+    /// Optimizer options from the flags, with the preset's default step count.
+    fn options(&self, default_steps: usize, curriculum: f64) -> TrainOptions {
+        let steps = self.steps.unwrap_or(default_steps);
+        TrainOptions {
+            steps,
+            batch: self.batch.max(1),
+            lr: self.lr,
+            warmup: 100.min(steps / 10 + 1),
+            seed: self.seed,
+            checkpoint_every: self.checkpoint_every.max(1),
+            curriculum,
+        }
+    }
+}
+
 /// Task-model presets (char vocabulary): (spec, default steps).
 fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
     let base = |format, kv| ModelSpec {
@@ -148,15 +164,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         corpus.train.len(),
         corpus.heldout.len()
     );
-    let opts = TrainOptions {
-        steps: a.steps.unwrap_or(steps),
-        batch: a.batch.max(1),
-        lr: a.lr,
-        warmup: 100.min(a.steps.unwrap_or(steps) / 10 + 1),
-        seed: a.seed,
-        checkpoint_every: a.checkpoint_every.max(1),
-        curriculum: 1.0,
-    };
+    let opts = a.options(steps, 1.0);
     let mut data = ProseData {
         corpus,
         tokenizer,
@@ -190,15 +198,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
     let out = a
         .out
         .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
-    let opts = TrainOptions {
-        steps: a.steps.unwrap_or(steps),
-        batch: a.batch.max(1),
-        lr: a.lr,
-        warmup: 100.min(a.steps.unwrap_or(steps) / 10 + 1),
-        seed: a.seed,
-        checkpoint_every: a.checkpoint_every.max(1),
-        curriculum: 0.6,
-    };
+    let opts = a.options(steps, 0.6);
     eprintln!(
         "training {} -> {} ({} steps, batch {})",
         a.preset,
