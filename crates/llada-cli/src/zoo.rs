@@ -197,6 +197,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
     let (spec, steps) = task_preset(&a.preset)?;
     let out = a
         .out
+        .clone()
         .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
     let opts = a.options(steps, 0.6);
     eprintln!(
