@@ -8,7 +8,7 @@ use llada_decode::diffusion::{
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
-use llada_train::tasks::{held_out_split, TASKS};
+use llada_train::tasks::{held_out_subset, TASKS};
 use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
@@ -402,6 +402,15 @@ pub struct EvalArgs {
     /// Held-out examples per task.
     #[arg(long, default_value_t = 20)]
     per_task: usize,
+    /// Only these tasks (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    tasks: Vec<String>,
+    /// Scale held-out task lengths down (0 < s ≤ 1), to match `llada train --max-scale`.
+    #[arg(long, default_value_t = 1.0)]
+    max_scale: f64,
+    /// Print the first N wrong answers (to stderr).
+    #[arg(long, default_value_t = 0)]
+    show: usize,
     #[command(flatten)]
     diffusion: DiffusionArgs,
     #[arg(long)]
@@ -606,13 +615,31 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             .unwrap_or(1)
     });
     let lane = Lane::new("dense", threads)?;
-    let split = held_out_split(a.per_task);
+    let tasks: Vec<&'static str> = if a.tasks.is_empty() {
+        TASKS.to_vec()
+    } else {
+        a.tasks
+            .iter()
+            .map(|t| {
+                TASKS
+                    .iter()
+                    .copied()
+                    .find(|k| k == t)
+                    .with_context(|| format!("unknown task '{t}' (one of {})", TASKS.join(", ")))
+            })
+            .collect::<Result<_>>()?
+    };
+    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
+        bail!("--max-scale must be in (0, 1]");
+    }
+    let split = held_out_subset(a.per_task, &tasks, a.max_scale);
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
         indicatif::ProgressBar::new(split.len() as u64)
     };
     let mut right: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut shown = 0;
     for ex in &split {
         let mut prompt = vec![BOS];
         prompt.extend(CharVocab::encode(&ex.prompt));
@@ -625,6 +652,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         e.1 += 1;
         if got == ex.answer {
             e.0 += 1;
+        } else if shown < a.show {
+            shown += 1;
+            pb.suspend(|| eprintln!("{} → {got:?} (expected {:?})", ex.prompt, ex.answer));
         }
         pb.inc(1);
     }

@@ -56,9 +56,12 @@ fn add_strings(a: &str, b: &str) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-fn one(rng: &mut StdRng, task: &'static str, scale: f64) -> (String, String) {
+/// Lengths are drawn uniformly from `[lo·max·scale, max·scale]` (at least 1).
+fn one(rng: &mut StdRng, task: &'static str, scale: f64, lo: f64) -> (String, String) {
     let len = |rng: &mut StdRng, max: usize| {
-        rng.random_range(1..=((max as f64 * scale).ceil() as usize).max(1))
+        let hi = ((max as f64 * scale).ceil() as usize).max(1);
+        let lo = ((max as f64 * scale * lo).ceil() as usize).clamp(1, hi);
+        rng.random_range(lo..=hi)
     };
     match task {
         "add" => {
@@ -118,6 +121,9 @@ pub struct TaskGen {
     rng: StdRng,
     held_out: bool,
     pub scale: f64,
+    /// Lower end of the length range, as a fraction of the upper end (0 = from length 1).
+    /// Training batches use narrow bands so that EOS padding does not dominate the loss.
+    pub lo: f64,
     pub tasks: Vec<&'static str>,
 }
 
@@ -127,6 +133,7 @@ impl TaskGen {
             rng: StdRng::seed_from_u64(seed),
             held_out,
             scale: 1.0,
+            lo: 0.0,
             tasks: TASKS.to_vec(),
         }
     }
@@ -141,13 +148,13 @@ impl TaskGen {
                 let mut ans = vec![];
                 for _ in 0..k {
                     let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
-                    let (p, a) = one(&mut self.rng, sub, self.scale * 0.5);
+                    let (p, a) = one(&mut self.rng, sub, self.scale * 0.5, self.lo);
                     ps.push(p);
                     ans.push(a);
                 }
                 (ps.join(";"), ans.join(";"))
             } else {
-                one(&mut self.rng, t, self.scale)
+                one(&mut self.rng, t, self.scale, self.lo)
             };
             let prompt = format!("{prompt}=");
             if is_held_out(&prompt) == self.held_out {
@@ -163,9 +170,16 @@ impl TaskGen {
 
 /// The fixed held-out split: `n` examples per task.
 pub fn held_out_split(n: usize) -> Vec<Example> {
+    held_out_subset(n, &TASKS, 1.0)
+}
+
+/// `n` held-out examples of each of `tasks` with lengths scaled by `scale` (experiments on
+/// shorter tasks; `held_out_split` is the reported split).
+pub fn held_out_subset(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Example> {
     let mut g = TaskGen::new(0x5eed_0fe1d, true);
+    g.scale = scale;
     let mut v = vec![];
-    for t in TASKS {
+    for &t in tasks {
         for _ in 0..n {
             v.push(g.next(Some(t)));
         }

@@ -87,7 +87,18 @@ impl DataSource for TaskData {
         } else {
             (0.2 + 0.8 * progress / self.curriculum.max(1e-9)).min(1.0) * self.max_scale
         };
-        let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(None)).collect();
+        // Training batches are bucketed: one task and one length band (a quarter of the range)
+        // per batch, so rows need little EOS padding beyond their own answer (mixed-length
+        // batches made the padding dominate the 1/(t·L) loss). The held-out batch mixes all.
+        let task = if heldout {
+            None
+        } else {
+            let band = rand::Rng::random_range(&mut *rng, 0..4u32) as f64;
+            gen.scale *= (band + 1.0) / 4.0;
+            gen.lo = band / (band + 1.0);
+            Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
+        };
+        let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
         Ok(match spec.format {
             Format::Llama => next_token_batch(&ex, dev)?,
             f => diffusion_batch(&ex, spec.mask_id, 1e-3, f == Format::Dream, rng, dev)?,
