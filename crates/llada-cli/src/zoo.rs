@@ -3,7 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::diffusion::{
-    generate as diffusion_generate, CacheMode, Confidence, DiffusionConfig, Schedule,
+    generate_with, CacheMode, Confidence, DiffusionConfig, DiffusionOutput, MultiBlock, Revision,
+    Schedule, StepView, TokenState,
 };
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
@@ -236,13 +237,44 @@ pub fn train(a: TrainArgs) -> Result<()> {
 /// Diffusion decoding options (shared by `generate --mode diffusion` and `eval`).
 #[derive(Args, Clone)]
 pub struct DiffusionArgs {
-    /// Strategy: vanilla (recompute everything), prefix (prompt + finished blocks cached),
-    /// dual (prefix + masked suffix cached; each step recomputes only the current block).
-    #[arg(long, default_value = "vanilla", value_parser = ["vanilla", "prefix", "dual"])]
+    /// Strategy: vanilla (recompute everything every step, the reference), prefix (prompt +
+    /// finished blocks cached), dual (prefix + masked suffix cached; each step recomputes only
+    /// the current block), multi-block (dual + sliding window with adaptive lookahead into
+    /// future blocks), revision (dual + progressive revision on a concurrent sparse lane),
+    /// full (dual + multi-block + revision). multi-block, revision and full commit by
+    /// confidence threshold (default 0.9).
+    #[arg(long, default_value = "vanilla", value_parser = ["vanilla", "prefix", "dual", "multi-block", "revision", "full"])]
     pub strategy: String,
     /// Commit every masked token whose confidence reaches this (at least one per step).
     #[arg(long)]
     pub threshold: Option<f32>,
+    /// Multi-block: window length (a static shape: 8, 16, 32, 64, 128, 256).
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+    /// Multi-block: look ahead into future blocks when the current block has fewer masked
+    /// tokens than this.
+    #[arg(long, default_value_t = 8)]
+    pub lookahead: usize,
+    /// Revision: change a token when the re-prediction differs with at least this probability.
+    #[arg(long, default_value_t = 0.9)]
+    pub revise_threshold: f32,
+    /// Revision: a token becomes stable when re-predicted with at least this probability.
+    #[arg(long, default_value_t = 0.9)]
+    pub stable_threshold: f32,
+    /// Revision: probes after which a token becomes stable regardless.
+    #[arg(long, default_value_t = 3)]
+    pub max_probes: u8,
+    /// Revision: run the sparse lane after the dense lane instead of concurrently (same
+    /// result; a deterministic schedule).
+    #[arg(long)]
+    pub sequential_revision: bool,
+    /// Redraw the answer in the terminal as it denoises (stderr): masked positions as ░,
+    /// committed tokens in yellow, revised in magenta, stable in the default colour.
+    #[arg(long)]
+    pub visual: bool,
+    /// Classifier-free guidance scale (vanilla only; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub cfg_scale: f32,
     /// Answer length in tokens (diffusion).
     #[arg(long, default_value_t = 64)]
     pub gen_length: usize,
@@ -293,21 +325,77 @@ impl DiffusionArgs {
             temperature,
             seed,
             cache: match self.strategy.as_str() {
+                "vanilla" => CacheMode::None,
                 "prefix" => CacheMode::Prefix,
-                "dual" => CacheMode::Dual,
-                _ => CacheMode::None,
+                _ => CacheMode::Dual,
             },
-            threshold: self.threshold,
+            threshold: self.threshold.or(self.speculative().then_some(0.9)),
+            multi_block: matches!(self.strategy.as_str(), "multi-block" | "full").then_some(
+                MultiBlock {
+                    window: self.window,
+                    lookahead: self.lookahead,
+                },
+            ),
+            revision: matches!(self.strategy.as_str(), "revision" | "full").then_some(Revision {
+                revise_threshold: self.revise_threshold,
+                stable_threshold: self.stable_threshold,
+                max_probes: self.max_probes,
+                concurrent: !self.sequential_revision,
+                ..Revision::default()
+            }),
+            cfg_scale: self.cfg_scale,
         };
         cfg.validate().map_err(anyhow::Error::msg)?;
         Ok(cfg)
     }
+    fn speculative(&self) -> bool {
+        matches!(self.strategy.as_str(), "multi-block" | "revision" | "full")
+    }
     /// A short name for reports.
     pub fn name(&self) -> String {
-        match self.threshold {
+        match self.threshold.or(self.speculative().then_some(0.9)) {
             Some(t) => format!("{}+threshold{t}", self.strategy),
             None => self.strategy.clone(),
         }
+    }
+}
+
+/// The lanes a diffusion strategy runs on: with revision, the dense lane gives one thread to
+/// the sparse lane (both run at once); otherwise the dense lane has every thread.
+pub struct Lanes {
+    pub dense: Lane,
+    pub sparse: Option<Lane>,
+}
+
+impl Lanes {
+    pub fn new(threads: usize, cfg: &DiffusionConfig) -> Result<Self> {
+        Ok(if cfg.revision.is_some() {
+            Self {
+                dense: Lane::new("dense", threads.saturating_sub(1).max(1))?,
+                sparse: Some(Lane::new("sparse", 1)?),
+            }
+        } else {
+            Self {
+                dense: Lane::new("dense", threads)?,
+                sparse: None,
+            }
+        })
+    }
+    pub fn generate(
+        &self,
+        model: &Model,
+        prompt: &[u32],
+        cfg: &DiffusionConfig,
+        observe: Option<&mut dyn FnMut(&StepView)>,
+    ) -> Result<DiffusionOutput> {
+        Ok(generate_with(
+            model,
+            &self.dense,
+            self.sparse.as_ref(),
+            prompt,
+            cfg,
+            observe,
+        )?)
     }
 }
 
@@ -352,8 +440,28 @@ pub fn generate_diffusion(
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let lane = Lane::new("dense", threads)?;
-    let out = diffusion_generate(&m, &lane, &ids, &cfg)?;
+    let lanes = Lanes::new(threads, &cfg)?;
+    let mut view = |v: &StepView| {
+        let mut line = String::new();
+        for ((&t, st), &rev) in v.tokens.iter().zip(v.states).zip(v.revised) {
+            let text = if t == v.mask_id {
+                "░".to_string()
+            } else {
+                tok.decode(&[t]).replace('\n', "⏎")
+            };
+            let color = match (st, rev) {
+                (TokenState::Invisible, _) => "\x1b[2m",
+                (_, true) => "\x1b[35m",
+                (TokenState::Visible, _) => "\x1b[33m",
+                (TokenState::Stable, _) => "\x1b[0m",
+            };
+            line.push_str(color);
+            line.push_str(&text);
+        }
+        eprint!("\x1b[2J\x1b[H{line}\x1b[0m\n");
+    };
+    let observer: Option<&mut dyn FnMut(&StepView)> = if d.visual { Some(&mut view) } else { None };
+    let out = lanes.generate(&m, &ids, &cfg, observer)?;
     let stop: Vec<u32> = tok
         .stop_ids
         .iter()
@@ -609,12 +717,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             a.model.display()
         );
     }
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    let lane = Lane::new("dense", threads)?;
+    let lanes = Lanes::new(threads, &a.diffusion.config(a.diffusion.block_length, 0.0, 0)?)?;
     let tasks: Vec<&'static str> = if a.tasks.is_empty() {
         TASKS.to_vec()
     } else {
@@ -646,7 +749,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         // gen_length: the answer plus at least one EOS, rounded up to whole blocks.
         let gen = (ex.answer.len() + 1).next_multiple_of(a.diffusion.block_length);
         let cfg = a.diffusion.config(gen, 0.0, 0)?;
-        let out = diffusion_generate(&model, &lane, &prompt, &cfg)?;
+        let out = lanes.generate(&model, &prompt, &cfg, None)?;
         let got = CharVocab::decode(&out.tokens);
         let e = right.entry(ex.task).or_default();
         e.1 += 1;

@@ -10,9 +10,14 @@
 //!
 //! Dream's shifted logits are handled here, once: position `i` reads the output row `i − 1`.
 
+use crate::revision::{build_probe, judge, Verdict};
+pub use crate::revision::Revision;
 use crate::sampling::{argmax, softmax};
+use crate::window::{self, WINDOW_SHAPES};
+pub use crate::window::{MultiBlock, TokenState};
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
-use llada_runtime::Lane;
+use llada_runtime::trace::OpSpan;
+use llada_runtime::{KvCache, Lane};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -72,6 +77,13 @@ pub struct DiffusionConfig {
     /// Confidence-threshold parallel commit: every masked position of the block whose
     /// confidence reaches it commits (at least one per step); `steps` is then only a cap.
     pub threshold: Option<f32>,
+    /// Multi-block speculative decoding (sliding window + adaptive lookahead; dual cache only).
+    pub multi_block: Option<MultiBlock>,
+    /// Dual-path progressive revision on the sparse lane (dual cache only).
+    pub revision: Option<Revision>,
+    /// Classifier-free guidance scale (LLaDA: `un + (s + 1)(cond − un)`, the unconditional pass
+    /// masks the prompt); 0 = off. Vanilla only (it doubles every pass).
+    pub cfg_scale: f32,
 }
 
 impl DiffusionConfig {
@@ -87,6 +99,9 @@ impl DiffusionConfig {
             seed: 0,
             cache: CacheMode::None,
             threshold: None,
+            multi_block: None,
+            revision: None,
+            cfg_scale: 0.0,
         }
     }
     /// Dream's reference (`diffusion_generate`): one block, timestep schedule.
@@ -101,6 +116,9 @@ impl DiffusionConfig {
             seed: 0,
             cache: CacheMode::None,
             threshold: None,
+            multi_block: None,
+            revision: None,
+            cfg_scale: 0.0,
         }
     }
     pub fn validate(&self) -> Result<(), String> {
@@ -128,19 +146,64 @@ impl DiffusionConfig {
         if self.temperature.is_nan() || self.temperature < 0.0 {
             return Err(format!("temperature must be ≥ 0, got {}", self.temperature));
         }
+        if (self.multi_block.is_some() || self.revision.is_some()) && self.cache != CacheMode::Dual
+        {
+            return Err("multi-block decoding and revision need the dual cache".into());
+        }
+        if let Some(mb) = &self.multi_block {
+            if !WINDOW_SHAPES.contains(&mb.window) || mb.lookahead == 0 {
+                return Err(format!(
+                    "window must be one of {WINDOW_SHAPES:?} and lookahead ≥ 1 (got {} / {})",
+                    mb.window, mb.lookahead
+                ));
+            }
+        }
+        if let Some(r) = &self.revision {
+            let ok = |t: f32| t > 0.0 && t <= 1.0;
+            if !ok(r.revise_threshold) || !ok(r.stable_threshold) || r.max_probes == 0 {
+                return Err("revision thresholds must be in (0, 1] and max_probes ≥ 1".into());
+            }
+        }
+        if !(self.cfg_scale >= 0.0) {
+            return Err(format!("cfg scale must be ≥ 0, got {}", self.cfg_scale));
+        }
+        if self.cfg_scale > 0.0 && self.cache != CacheMode::None {
+            return Err("classifier-free guidance is only supported by the vanilla strategy".into());
+        }
         Ok(())
     }
 }
 
 /// Result of a diffusion generation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DiffusionOutput {
     /// The `gen_length` answer tokens.
     pub tokens: Vec<u32>,
+    /// Dense-lane forward passes.
     pub forward_passes: usize,
-    /// Rows computed over all passes (the dense lane's work).
+    /// Rows computed over all dense passes (the dense lane's work).
     pub rows_computed: usize,
+    /// Rows a static-shape accelerator would add to reach the window shapes.
+    pub padded_rows: usize,
+    /// Sparse-lane passes and rows.
+    pub sparse_passes: usize,
+    pub sparse_rows: usize,
+    /// Token identities changed by revision.
+    pub revised: usize,
+    /// Time in dense / sparse passes, and the time both ran at once.
+    pub dense_s: f64,
+    pub sparse_s: f64,
+    pub overlap_s: f64,
     pub total_s: f64,
+}
+
+/// What an observer (e.g. `--visual`) sees after every step.
+pub struct StepView<'a> {
+    pub tokens: &'a [u32],
+    pub states: &'a [TokenState],
+    /// Positions whose token was changed by revision at least once.
+    pub revised: &'a [bool],
+    pub mask_id: u32,
 }
 
 /// LLaDA's `get_num_transfer_tokens`: how many tokens each of `steps` steps commits.
@@ -185,12 +248,90 @@ fn score(logits: &[f32], conf: Confidence, tok: u32, rng: &mut StdRng) -> f32 {
     }
 }
 
-/// The diffusion decoder: every strategy is an option of this one loop.
+/// The diffusion decoder on one lane (no concurrent sparse lane: revision, if enabled, runs
+/// on a scoped thread of the global pool).
 pub fn generate(
     model: &Model,
     lane: &Lane,
     prompt: &[u32],
     cfg: &DiffusionConfig,
+) -> Result<DiffusionOutput, ModelError> {
+    generate_with(model, lane, None, prompt, cfg, None)
+}
+
+/// Which rows one dense pass computes and where their K/V go.
+struct DensePlan {
+    row0: usize,
+    row1: usize,
+    slots: Vec<Option<usize>>,
+    /// Rows a static-shape accelerator would pad this pass with.
+    padding: usize,
+}
+
+/// The dense lane's rows for this step: the cache mode decides what is recomputed.
+fn dense_plan(
+    cache_mode: CacheMode,
+    cache_len: usize,
+    block_start: bool,
+    shift: bool,
+    (bs, ws, we, n): (usize, usize, usize, usize),
+    win: &window::Window,
+) -> DensePlan {
+    let s = usize::from(shift);
+    match (cache_mode, block_start) {
+        (CacheMode::None, _) => DensePlan {
+            row0: 0,
+            row1: n,
+            slots: vec![None; n],
+            padding: 0,
+        },
+        // Prefix: the prompt and finished blocks are cached (refreshed at each block start);
+        // Dream also recomputes row bs − 1 (its output predicts position bs).
+        (CacheMode::Prefix, true) => {
+            let r0 = cache_len.min(bs - s);
+            DensePlan {
+                row0: r0,
+                row1: n,
+                slots: (r0..n).map(|r| (r < bs).then_some(r)).collect(),
+                padding: 0,
+            }
+        }
+        (CacheMode::Prefix, false) => DensePlan {
+            row0: bs - s,
+            row1: n,
+            slots: (bs - s..n).map(|r| (r < bs).then_some(r)).collect(),
+            padding: 0,
+        },
+        // Dual: slot = position. At a block start everything from the window on is refreshed
+        // (Fast-dLLM's dual cache); later steps recompute only the window.
+        (CacheMode::Dual, true) => {
+            let r0 = cache_len.min(ws - s);
+            DensePlan {
+                row0: r0,
+                row1: n,
+                slots: (r0..n).map(Some).collect(),
+                padding: 0,
+            }
+        }
+        (CacheMode::Dual, false) => DensePlan {
+            row0: ws - s,
+            row1: we,
+            slots: (ws - s..we).map(Some).collect(),
+            padding: win.padding(),
+        },
+    }
+}
+
+/// The diffusion decoder: every strategy is an option of this one loop. `sparse` is the lane
+/// the revision pass runs on (concurrently with `dense` when `Revision::concurrent`);
+/// `observe` is called after every step.
+pub fn generate_with(
+    model: &Model,
+    dense: &Lane,
+    sparse: Option<&Lane>,
+    prompt: &[u32],
+    cfg: &DiffusionConfig,
+    mut observe: Option<&mut dyn FnMut(&StepView)>,
 ) -> Result<DiffusionOutput, ModelError> {
     cfg.validate().map_err(ModelError::BadRequest)?;
     let mask = model.config.mask_id.ok_or_else(|| {
@@ -201,7 +342,8 @@ pub fn generate(
     }
     let t0 = Instant::now();
     let p = prompt.len();
-    let n = p + cfg.gen_length;
+    let gen = cfg.gen_length;
+    let n = p + gen;
     if n > model.config.max_ctx {
         return Err(ModelError::ContextOverflow {
             pos: n as u32,
@@ -209,126 +351,264 @@ pub fn generate(
         });
     }
     let shift = model.config.shift_logits;
+    let bl = cfg.block_length;
     let mut x: Vec<u32> = prompt.to_vec();
-    x.extend(std::iter::repeat_n(mask, cfg.gen_length));
+    x.extend(std::iter::repeat_n(mask, gen));
     let positions: Vec<u32> = (0..n as u32).collect();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let blocks = cfg.gen_length / cfg.block_length;
-    let steps_per_block = cfg.steps / blocks;
+    let steps_per_block = cfg.steps / (gen / bl);
     let mut cache = model.new_cache();
-    let mut prefix_len = 0usize;
-    let (mut passes, mut rows_computed) = (0, 0);
-    for b in 0..blocks {
-        let (bs, be) = (p + b * cfg.block_length, p + (b + 1) * cfg.block_length);
-        let masked0 = x[bs..be].iter().filter(|&&t| t == mask).count();
-        let plan = transfer_schedule(masked0, steps_per_block);
-        let mut step = 0;
-        let mut block_start = true;
-        while x[bs..be].contains(&mask) {
-            if cfg.threshold.is_none() && step >= steps_per_block {
-                break;
-            }
-            // Which rows this pass computes, and where their K/V go.
-            let first = if shift { bs - 1 } else { bs };
-            let (row0, row1, slots): (usize, usize, Vec<Option<usize>>) =
-                match (cfg.cache, block_start) {
-                    (CacheMode::None, _) => (0, n, vec![None; n]),
-                    (CacheMode::Prefix, true) => {
-                        let r0 = cache.len().min(first);
-                        (r0, n, (r0..n).map(|r| (r < bs).then_some(r)).collect())
-                    }
-                    (CacheMode::Dual, true) => {
-                        cache.truncate(prefix_len);
-                        let r0 = prefix_len.min(first);
-                        let mut next = prefix_len;
-                        let slots = (r0..n)
-                            .map(|r| {
-                                if r < bs || r >= be {
-                                    next += 1;
-                                    Some(next - 1)
-                                } else {
-                                    None
-                                }
-                            })
-                            .collect();
-                        (r0, n, slots)
-                    }
-                    // Later steps of a block: only the active rows; Dream also refreshes row bs−1
-                    // (its output predicts position bs) into its own slot.
-                    (CacheMode::Prefix, false) => (
-                        first,
-                        n,
-                        (first..n).map(|r| (r < bs).then_some(r)).collect(),
-                    ),
-                    (CacheMode::Dual, false) => (
-                        first,
-                        be,
-                        (first..be).map(|r| (r < bs).then_some(r)).collect(),
-                    ),
-                };
-            // Logits only for rows that predict a masked position of the block.
-            let targets: Vec<usize> = (bs..be).filter(|&i| x[i] == mask).collect();
-            let logit_rows: Vec<usize> = targets
+    let mut out = DiffusionOutput::default();
+    // Per answer position: state, "committed since its KV row was computed", speculative
+    // (committed ahead of its block), probes so far, ever revised.
+    let mut states = vec![TokenState::Invisible; gen];
+    let mut dirty = vec![false; gen];
+    let mut spec = vec![false; gen];
+    let mut probes = vec![0u8; gen];
+    let mut revised = vec![false; gen];
+    let spec_threshold = cfg.threshold.unwrap_or(0.9);
+    let (mut last_block, mut step, mut plan) = (None, 0usize, Vec::new());
+    while let Some(win) = window::plan(&states, &dirty, bl, cfg.multi_block.as_ref()) {
+        let cur = win.current_block;
+        let block_start = last_block != Some(cur);
+        let (bs, be) = (p + cur * bl, p + ((cur + 1) * bl).min(gen));
+        if block_start {
+            // Block commit semantics: speculations of the new current block join it.
+            spec[cur * bl..(be - p)].iter_mut().for_each(|s| *s = false);
+            let masked0 = states[cur * bl..be - p]
                 .iter()
-                .map(|&i| if shift { i.max(1) - 1 } else { i } - row0)
-                .collect();
-            let out = lane.run(|| {
+                .filter(|s| **s == TokenState::Invisible)
+                .count();
+            plan = transfer_schedule(masked0, steps_per_block);
+            step = 0;
+            last_block = Some(cur);
+        }
+        let (ws, we) = (p + win.start, p + win.end);
+        let dp = dense_plan(
+            cfg.cache,
+            cache.len(),
+            block_start,
+            shift,
+            (bs, ws, we, n),
+            &win,
+        );
+        // Masked positions predicted this pass (selective logits: nothing else gets the head).
+        let targets: Vec<usize> = (ws..we)
+            .filter(|&i| x[i] == mask && (cfg.multi_block.is_some() || i < be))
+            .collect();
+        let logit_rows: Vec<usize> = targets
+            .iter()
+            .map(|&i| if shift { i.max(1) - 1 } else { i } - dp.row0)
+            .collect();
+        // The sparse lane's probes: Visible tokens left of the dense rows.
+        let probed: Vec<usize> = match &cfg.revision {
+            Some(r) => {
+                let mut v: Vec<usize> = (p..dp.row0.max(p))
+                    .filter(|&i| states[i - p] == TokenState::Visible && !dirty[i - p])
+                    .collect();
+                v.sort_by_key(|&i| (probes[i - p], i));
+                v.truncate(r.max_rows);
+                v.sort_unstable();
+                v
+            }
+            None => vec![],
+        };
+        let probe = (!probed.is_empty()).then(|| build_probe(&x, &probed, mask, shift));
+        let mut snapshot = probe.as_ref().map(|_| cache.clone());
+        let dense_req = ForwardRequest {
+            tokens: &x[dp.row0..dp.row1],
+            positions: &positions[dp.row0..dp.row1],
+            mask: AttnMask::Bidirectional,
+            kv_write: KvWrite::Slots(&dp.slots),
+            logits: LogitRows::Rows(&logit_rows),
+        };
+        let run_dense = |cache: &mut KvCache| {
+            let _s = OpSpan::begin(
+                "dense_window",
+                -1,
+                &[(dp.row1 - dp.row0) as u64],
+                "tokens",
+            )
+            .padded(dp.padding as u64);
+            let a = Instant::now();
+            let r = dense.run(|| model.forward(&dense_req, cache));
+            (r, a, Instant::now())
+        };
+        let run_sparse = |snap: &mut KvCache, pb: &crate::revision::ProbeBatch| {
+            let req = ForwardRequest {
+                tokens: &pb.tokens,
+                positions: &pb.positions,
+                mask: AttnMask::Explicit(&pb.visible),
+                kv_write: KvWrite::Slots(&pb.slots),
+                logits: LogitRows::Rows(&pb.logit_rows),
+            };
+            let a = Instant::now();
+            let r = match sparse {
+                Some(l) => l.run(|| model.forward(&req, snap)),
+                None => model.forward(&req, snap),
+            };
+            (r, a, Instant::now())
+        };
+        let concurrent = cfg.revision.as_ref().is_some_and(|r| r.concurrent);
+        let (dres, sres) = match (&probe, snapshot.as_mut()) {
+            (Some(pb), Some(snap)) if concurrent => std::thread::scope(|sc| {
+                let h = sc.spawn(|| run_sparse(snap, pb));
+                let d = run_dense(&mut cache);
+                let s = h
+                    .join()
+                    .map_err(|_| ModelError::Other("the sparse lane panicked".into()));
+                (d, Some(s))
+            }),
+            (Some(pb), Some(snap)) => {
+                let d = run_dense(&mut cache);
+                (d, Some(Ok(run_sparse(snap, pb))))
+            }
+            _ => (run_dense(&mut cache), None),
+        };
+        let (dout, da, db) = dres;
+        let mut dout = dout?;
+        out.dense_s += (db - da).as_secs_f64();
+        out.forward_passes += 1;
+        out.rows_computed += dp.row1 - dp.row0;
+        out.padded_rows += dp.padding;
+        if cfg.cfg_scale > 0.0 {
+            // Unconditional pass: the prompt masked (LLaDA's `un_x`).
+            let mut un: Vec<u32> = x.clone();
+            un[..p].iter_mut().for_each(|t| *t = mask);
+            let uout = dense.run(|| {
                 model.forward(
                     &ForwardRequest {
-                        tokens: &x[row0..row1],
-                        positions: &positions[row0..row1],
+                        tokens: &un[dp.row0..dp.row1],
+                        positions: &positions[dp.row0..dp.row1],
                         mask: AttnMask::Bidirectional,
-                        kv_write: KvWrite::Slots(&slots),
+                        kv_write: KvWrite::None,
                         logits: LogitRows::Rows(&logit_rows),
                     },
                     &mut cache,
                 )
             })?;
-            passes += 1;
-            rows_computed += row1 - row0;
-            if cfg.cache == CacheMode::Dual && block_start {
-                prefix_len = bs;
-            }
-            block_start = false;
-            let mut cand: Vec<(f32, usize, u32)> = Vec::with_capacity(targets.len());
-            for (j, &i) in targets.iter().enumerate() {
-                let logits = out.row(j);
-                let tok = if cfg.temperature > 0.0 {
-                    // Gumbel-max sampling, as LLaDA's add_gumbel_noise.
-                    let noisy: Vec<f32> = logits
-                        .iter()
-                        .map(|&v| {
-                            let u: f64 = rng.random::<f64>().max(1e-20);
-                            (v as f64 / cfg.temperature as f64 - (-(u.ln())).ln()) as f32
-                        })
-                        .collect();
-                    argmax(&noisy)
-                } else {
-                    argmax(logits)
-                };
-                cand.push((score(logits, cfg.confidence, tok, &mut rng), i, tok));
-            }
-            // Highest confidence first; ties to the leftmost position.
-            cand.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let k = match (cfg.threshold, cfg.schedule) {
-                (Some(th), _) => cand.iter().filter(|c| c.0 >= th).count().max(1),
-                (None, Schedule::Uniform) => plan[step],
-                (None, Schedule::Timesteps { eps }) => {
-                    dream_transfer(targets.len(), step, steps_per_block, eps)
-                }
-            };
-            for &(_, i, tok) in cand.iter().take(k) {
-                x[i] = tok;
-            }
-            step += 1;
+            out.forward_passes += 1;
+            out.rows_computed += dp.row1 - dp.row0;
+            let s = cfg.cfg_scale;
+            dout.logits
+                .iter_mut()
+                .zip(&uout.logits)
+                .for_each(|(c, u)| *c = u + (s + 1.0) * (*c - u));
         }
+        // Rows written with their real token have clean KV now.
+        for (r, slot) in (dp.row0..dp.row1).zip(&dp.slots) {
+            if r >= p && (slot.is_some() || cfg.cache != CacheMode::Dual) {
+                dirty[r - p] = false;
+            }
+        }
+        // Sparse lane: deferred merge of refreshed rows, then the verdicts.
+        let sres = match sres {
+            Some(Ok((Ok(o), a, b))) => Some((o, a, b)),
+            Some(Ok((Err(e), _, _))) | Some(Err(e)) => return Err(e),
+            None => None,
+        };
+        if let (Some((sout, sa, sb)), Some(snap), Some(r)) = (sres, &snapshot, &cfg.revision) {
+            out.sparse_s += (sb - sa).as_secs_f64();
+            let (lo, hi) = (sa.max(da), sb.min(db));
+            if hi > lo {
+                out.overlap_s += (hi - lo).as_secs_f64();
+            }
+            out.sparse_passes += 1;
+            out.sparse_rows += probe.as_ref().map_or(0, |pb| pb.tokens.len());
+            for (k, &i) in probed.iter().enumerate() {
+                cache
+                    .copy_slot_from(snap, i)
+                    .map_err(|e| ModelError::Other(e.to_string()))?;
+                let a = i - p;
+                match judge(x[i], sout.row(k), r, probes[a]) {
+                    Verdict::Stable => states[a] = TokenState::Stable,
+                    Verdict::Revise(y) => {
+                        x[i] = y;
+                        revised[a] = true;
+                        out.revised += 1;
+                    }
+                    Verdict::Keep => {}
+                }
+                probes[a] = probes[a].saturating_add(1);
+            }
+        }
+        // Dense commits: the current block by schedule or threshold, future blocks (multi-
+        // block speculation) by threshold only.
+        let mut cand: Vec<(f32, usize, u32)> = Vec::with_capacity(targets.len());
+        for (j, &i) in targets.iter().enumerate() {
+            let logits = dout.row(j);
+            let tok = if cfg.temperature > 0.0 {
+                // Gumbel-max sampling, as LLaDA's add_gumbel_noise.
+                let noisy: Vec<f32> = logits
+                    .iter()
+                    .map(|&v| {
+                        let u: f64 = rng.random::<f64>().max(1e-20);
+                        (v as f64 / cfg.temperature as f64 - (-(u.ln())).ln()) as f32
+                    })
+                    .collect();
+                argmax(&noisy)
+            } else {
+                argmax(logits)
+            };
+            cand.push((score(logits, cfg.confidence, tok, &mut rng), i, tok));
+        }
+        let (mut now, future): (Vec<_>, Vec<_>) = cand.into_iter().partition(|c| c.1 < be);
+        // Highest confidence first; ties to the leftmost position.
+        now.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let k = match (cfg.threshold, cfg.schedule) {
+            (Some(th), _) => now.iter().filter(|c| c.0 >= th).count().max(1),
+            _ if step >= steps_per_block => now.len(),
+            (None, Schedule::Uniform) => plan[step],
+            (None, Schedule::Timesteps { eps }) => {
+                dream_transfer(now.len(), step, steps_per_block, eps)
+            }
+        };
+        let commits = now
+            .iter()
+            .take(k)
+            .map(|c| (c, false))
+            .chain(
+                future
+                    .iter()
+                    .filter(|c| c.0 >= spec_threshold)
+                    .map(|c| (c, true)),
+            );
+        for (&(_, i, tok), speculative) in commits {
+            x[i] = tok;
+            states[i - p] = TokenState::Visible;
+            dirty[i - p] = true;
+            spec[i - p] = speculative;
+        }
+        // Without revision a committed token is final once its KV row holds it.
+        if cfg.revision.is_none() {
+            for a in 0..gen {
+                if states[a] == TokenState::Visible && !dirty[a] && !spec[a] {
+                    states[a] = TokenState::Stable;
+                }
+            }
+        }
+        if let Some(f) = observe.as_mut() {
+            f(&StepView {
+                tokens: &x[p..],
+                states: &states,
+                revised: &revised,
+                mask_id: mask,
+            });
+        }
+        step += 1;
     }
-    Ok(DiffusionOutput {
-        tokens: x[p..].to_vec(),
-        forward_passes: passes,
-        rows_computed,
-        total_s: t0.elapsed().as_secs_f64(),
-    })
+    states.iter_mut().for_each(|s| *s = TokenState::Stable);
+    if let Some(f) = observe.as_mut() {
+        f(&StepView {
+            tokens: &x[p..],
+            states: &states,
+            revised: &revised,
+            mask_id: mask,
+        });
+    }
+    out.tokens = x[p..].to_vec();
+    out.total_s = t0.elapsed().as_secs_f64();
+    Ok(out)
 }
 
 /// The vanilla reference (no cache, no threshold), kept as a named entry point.

@@ -16,7 +16,9 @@ pub enum KvError {
     Duplicate { slot: usize },
 }
 
-/// Per-layer K and V rows for a growing set of slots.
+/// Per-layer K and V rows for a growing set of slots. `Clone` gives a snapshot (the sparse lane
+/// computes on one while the dense lane writes the live cache).
+#[derive(Clone)]
 pub struct KvCache {
     n_layers: usize,
     kv_dim: usize,
@@ -140,6 +142,33 @@ impl KvCache {
     }
 }
 
+impl KvCache {
+    /// Copy slot `slot` (every layer, and its position) from `other`, a cache of the same shape
+    /// whose `len()` covers it; grows `self` if needed. This is the deferred merge of rows
+    /// refreshed on a snapshot.
+    pub fn copy_slot_from(&mut self, other: &KvCache, slot: usize) -> Result<(), KvError> {
+        if other.kv_dim != self.kv_dim || other.n_layers != self.n_layers || slot >= other.len {
+            return Err(KvError::Hole {
+                slot,
+                len: other.len,
+            });
+        }
+        let new_len = self.plan_write(&[slot])?;
+        self.grow_to(new_len);
+        let d = self.kv_dim;
+        for l in 0..self.n_layers {
+            let (k, v) = (
+                &other.k[l][slot * d..(slot + 1) * d],
+                &other.v[l][slot * d..(slot + 1) * d],
+            );
+            self.k[l][slot * d..(slot + 1) * d].copy_from_slice(k);
+            self.v[l][slot * d..(slot + 1) * d].copy_from_slice(v);
+        }
+        self.pos[slot] = other.pos[slot];
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +192,13 @@ mod tests {
         c.write(0, 1, 7, &[9.0; 4], &[9.0; 4]);
         assert_eq!(&c.k(0)[4..8], &[9.0; 4]);
         assert_eq!(c.positions()[1], 7);
+        // Deferred merge from a snapshot.
+        let mut snap = c.clone();
+        snap.write(1, 2, 11, &[5.0; 4], &[6.0; 4]);
+        assert_eq!(c.k(1)[8], 2.0);
+        c.copy_slot_from(&snap, 2).unwrap();
+        assert_eq!((c.k(1)[8], c.v(1)[11], c.positions()[2]), (5.0, 6.0, 11));
+        assert!(c.copy_slot_from(&snap, 7).is_err());
         // Rollback.
         c.truncate(2);
         assert_eq!(c.len(), 2);
