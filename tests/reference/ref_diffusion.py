@@ -158,8 +158,10 @@ def get_num_transfer_tokens(mask_count, steps):
     return [base + (1 if i < rem else 0) for i in range(steps)]
 
 
-def llada_generate(model, prompt, mask_id, gen_length, steps, block_length, stats=None):
-    """LLaDA generate(), temperature 0, remasking 'low_confidence', cfg_scale 0.
+def llada_generate(model, prompt, mask_id, gen_length, steps, block_length, stats=None,
+                   cfg_scale=0.0):
+    """LLaDA generate(), temperature 0, remasking 'low_confidence', classifier-free guidance
+    as LLaDA's: un_x masks the prompt, logits = un + (cfg_scale + 1) * (cond - un).
     Returns the gen_length generated ids."""
     stats = stats if stats is not None else Stats()
     P = len(prompt)
@@ -174,6 +176,11 @@ def llada_generate(model, prompt, mask_id, gen_length, steps, block_length, stat
         for i in range(spb):
             mask_index = x == mask_id
             logits = np.asarray(model(x), dtype=np.float64)    # softmax in float64 (LLaDA)
+            if cfg_scale > 0.0:
+                un_x = x.copy()
+                un_x[:P] = mask_id
+                un = np.asarray(model(un_x), dtype=np.float64)
+                logits = un + (cfg_scale + 1.0) * (logits - un)
             x0 = np.argmax(logits, axis=-1)
             z = logits - logits.max(axis=-1, keepdims=True)
             p = np.exp(z)
@@ -315,7 +322,7 @@ def run_case(models, case, prompt):
         m = models[dt]
         if case["algorithm"] == "llada":
             out = llada_generate(m, prompt, mask_id, case["gen_length"], case["steps"],
-                                 case["block_length"], st)
+                                 case["block_length"], st, case.get("cfg_scale", 0.0))
         else:
             out = dream_generate(m, prompt, mask_id, case["gen_length"], case["steps"],
                                  case["alg"], case["eps"], st)
@@ -360,6 +367,10 @@ def case_specs():
             specs.append({"model": "hf-dream", "algorithm": "llada", "shift_logits": True,
                           "gen_length": 16, "steps": steps, "block_length": bl,
                           "remasking": "low_confidence"})
+    for name, shift in (("hf-llada", False), ("hf-dream", True)):
+        specs.append({"model": name, "algorithm": "llada", "shift_logits": shift,
+                      "gen_length": 16, "steps": 16, "block_length": 8,
+                      "remasking": "low_confidence", "cfg_scale": 1.5})
     return specs
 
 
@@ -409,7 +420,7 @@ def build(fixtures):
             c["schedule_min_int_distance"] = gap
         cases.append(c)
         desc = f"{name:8s} {spec['algorithm']:5s} steps {spec['steps']:2d} " + (
-            f"block {spec['block_length']:2d}" if spec["algorithm"] == "llada" else f"{spec['alg']:12s}")
+            f"block {spec['block_length']:2d} cfg {spec.get('cfg_scale', 0.0)}" if spec["algorithm"] == "llada" else f"{spec['alg']:12s}")
         log.append(f"{desc}: out {c['output']} min_margin {c['min_margin']:.3g} "
                    f"min_argmax_margin {c['min_argmax_margin']:.3g} distinct {c['distinct_tokens']}"
                    + (f" (prompt {c['prompt']}, {len(rejected)} rejected)" if rejected else ""))

@@ -458,7 +458,7 @@ pub fn generate_diffusion(
             line.push_str(color);
             line.push_str(&text);
         }
-        eprint!("\x1b[2J\x1b[H{line}\x1b[0m\n");
+        eprintln!("\x1b[2J\x1b[H{line}\x1b[0m");
     };
     let observer: Option<&mut dyn FnMut(&StepView)> = if d.visual { Some(&mut view) } else { None };
     let out = lanes.generate(&m, &ids, &cfg, observer)?;
@@ -717,21 +717,23 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             a.model.display()
         );
     }
-    let lanes = Lanes::new(threads, &a.diffusion.config(a.diffusion.block_length, 0.0, 0)?)?;
-    let tasks: Vec<&'static str> = if a.tasks.is_empty() {
-        TASKS.to_vec()
-    } else {
-        a.tasks
-            .iter()
-            .map(|t| {
-                TASKS
-                    .iter()
-                    .copied()
-                    .find(|k| k == t)
-                    .with_context(|| format!("unknown task '{t}' (one of {})", TASKS.join(", ")))
-            })
-            .collect::<Result<_>>()?
-    };
+    let lanes = Lanes::new(
+        threads,
+        &a.diffusion.config(a.diffusion.block_length, 0.0, 0)?,
+    )?;
+    let tasks: Vec<&'static str> =
+        if a.tasks.is_empty() {
+            TASKS.to_vec()
+        } else {
+            a.tasks
+                .iter()
+                .map(|t| {
+                    TASKS.iter().copied().find(|k| k == t).with_context(|| {
+                        format!("unknown task '{t}' (one of {})", TASKS.join(", "))
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }

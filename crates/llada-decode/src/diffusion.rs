@@ -10,8 +10,8 @@
 //!
 //! Dream's shifted logits are handled here, once: position `i` reads the output row `i − 1`.
 
-use crate::revision::{build_probe, judge, Verdict};
 pub use crate::revision::Revision;
+use crate::revision::{build_probe, judge, Verdict};
 use crate::sampling::{argmax, softmax};
 use crate::window::{self, WINDOW_SHAPES};
 pub use crate::window::{MultiBlock, TokenState};
@@ -164,11 +164,13 @@ impl DiffusionConfig {
                 return Err("revision thresholds must be in (0, 1] and max_probes ≥ 1".into());
             }
         }
-        if !(self.cfg_scale >= 0.0) {
+        if self.cfg_scale.is_nan() || self.cfg_scale < 0.0 {
             return Err(format!("cfg scale must be ≥ 0, got {}", self.cfg_scale));
         }
         if self.cfg_scale > 0.0 && self.cache != CacheMode::None {
-            return Err("classifier-free guidance is only supported by the vanilla strategy".into());
+            return Err(
+                "classifier-free guidance is only supported by the vanilla strategy".into(),
+            );
         }
         Ok(())
     }
@@ -423,13 +425,8 @@ pub fn generate_with(
             logits: LogitRows::Rows(&logit_rows),
         };
         let run_dense = |cache: &mut KvCache| {
-            let _s = OpSpan::begin(
-                "dense_window",
-                -1,
-                &[(dp.row1 - dp.row0) as u64],
-                "tokens",
-            )
-            .padded(dp.padding as u64);
+            let _s = OpSpan::begin("dense_window", -1, &[(dp.row1 - dp.row0) as u64], "tokens")
+                .padded(dp.padding as u64);
             let a = Instant::now();
             let r = dense.run(|| model.forward(&dense_req, cache));
             (r, a, Instant::now())
@@ -563,16 +560,12 @@ pub fn generate_with(
                 dream_transfer(now.len(), step, steps_per_block, eps)
             }
         };
-        let commits = now
-            .iter()
-            .take(k)
-            .map(|c| (c, false))
-            .chain(
-                future
-                    .iter()
-                    .filter(|c| c.0 >= spec_threshold)
-                    .map(|c| (c, true)),
-            );
+        let commits = now.iter().take(k).map(|c| (c, false)).chain(
+            future
+                .iter()
+                .filter(|c| c.0 >= spec_threshold)
+                .map(|c| (c, true)),
+        );
         for (&(_, i, tok), speculative) in commits {
             x[i] = tok;
             states[i - p] = TokenState::Visible;

@@ -177,7 +177,9 @@ mod tests {
             // M_r does not see A_r (its own token) but sees the other A rows and itself.
             assert!(!b.visible[(3 + r) * n + r]);
             assert!(b.visible[(3 + r) * n + 3 + r]);
-            assert!((0..3).filter(|&c| c != r).all(|c| b.visible[(3 + r) * n + c]));
+            assert!((0..3)
+                .filter(|&c| c != r)
+                .all(|c| b.visible[(3 + r) * n + c]));
             // Nobody sees a probe row except itself.
             for q in 0..n {
                 if q != 3 + r {
@@ -202,7 +204,7 @@ mod tests {
         assert!(!b.visible[7 * n + 1]);
         assert!(b.visible[7 * n + 2]);
         assert!(b.visible[7 * n + 4]); // M for 3
-        // P for i = 2 (row 6): 1 is not probed → from the cache, not itself.
+                                       // P for i = 2 (row 6): 1 is not probed → from the cache, not itself.
         assert!(!b.visible[6 * n + 6]);
         assert!(!b.visible[6 * n]);
         assert!(b.visible[6 * n + 1]);

@@ -3,7 +3,8 @@
 //! checkpoints; and the cache strategies against the reference where they must agree.
 
 use llada_decode::diffusion::{
-    dream_transfer, generate, CacheMode, Confidence, DiffusionConfig, Schedule,
+    dream_transfer, generate, generate_with, CacheMode, Confidence, DiffusionConfig, MultiBlock,
+    Revision, Schedule, StepView, TokenState,
 };
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
@@ -51,6 +52,7 @@ fn vanilla_matches_numpy_reference() {
     let lane = Lane::new("dense", 2).unwrap();
     let cases = exp["cases"].as_array().unwrap();
     assert!(cases.len() >= 4);
+    let mut cfg_cases = 0;
     for c in cases {
         let model = load(c["model"].as_str().unwrap());
         let prompt = ids(&c["prompt"]);
@@ -66,13 +68,21 @@ fn vanilla_matches_numpy_reference() {
         } else {
             DiffusionConfig {
                 steps,
+                cfg_scale: c["cfg_scale"].as_f64().unwrap_or(0.0) as f32,
                 ..DiffusionConfig::one_per_step(gen, c["block_length"].as_u64().unwrap() as usize)
             }
         };
         let out = generate(&model, &lane, &prompt, &cfg).unwrap();
         assert_eq!(out.tokens, ids(&c["output"]), "case {c}");
-        assert_eq!(out.forward_passes, steps);
+        // Classifier-free guidance adds one unconditional pass per step.
+        let per_step = if cfg.cfg_scale > 0.0 { 2 } else { 1 };
+        assert_eq!(out.forward_passes, per_step * steps);
+        cfg_cases += usize::from(cfg.cfg_scale > 0.0);
     }
+    assert!(
+        cfg_cases >= 2,
+        "the reference has no classifier-free guidance case"
+    );
 }
 
 #[test]
@@ -192,4 +202,169 @@ fn bad_options_are_refused() {
         &DiffusionConfig::one_per_step(8, 8)
     )
     .is_err());
+}
+
+/// The full strategy's bookkeeping: legal state transitions only (Invisible → Visible →
+/// Stable, never back), Stable tokens never change, a complete answer; the concurrent sparse
+/// lane gives exactly the deterministic (sequential) schedule's tokens; the window planner's
+/// padding is counted.
+#[test]
+fn multi_block_and_revision_invariants() {
+    let dense = Lane::new("dense", 1).unwrap();
+    let sparse = Lane::new("sparse", 1).unwrap();
+    for name in ["hf-llada", "hf-dream"] {
+        let model = load(name);
+        let mask = model.config.mask_id.unwrap();
+        let prompt = [5u32, 17, 33, 8, 2, 61];
+        let full = |concurrent: bool, revise: f32| DiffusionConfig {
+            cache: CacheMode::Dual,
+            // A low threshold so that steps commit several tokens and speculate ahead.
+            threshold: Some(0.05),
+            multi_block: Some(MultiBlock {
+                window: 16,
+                lookahead: 6,
+            }),
+            revision: Some(Revision {
+                revise_threshold: revise,
+                stable_threshold: 0.5,
+                max_probes: 2,
+                max_rows: 8,
+                concurrent,
+            }),
+            ..DiffusionConfig::one_per_step(32, 8)
+        };
+        let mut seen: Vec<(Vec<u32>, Vec<TokenState>)> = vec![];
+        let mut obs = |v: &StepView| seen.push((v.tokens.to_vec(), v.states.to_vec()));
+        let conc = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &full(true, 0.05),
+            Some(&mut obs),
+        )
+        .unwrap();
+        let seq = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &full(false, 0.05),
+            None,
+        )
+        .unwrap();
+        assert_eq!(conc.tokens, seq.tokens, "{name}: schedules disagree");
+        assert_eq!(conc.revised, seq.revised);
+        assert!(!conc.tokens.contains(&mask), "{name}: answer left masked");
+        assert!(
+            conc.sparse_passes > 0 && conc.sparse_rows > 0,
+            "{name}: no sparse work"
+        );
+
+        let rank = |s: TokenState| match s {
+            TokenState::Invisible => 0,
+            TokenState::Visible => 1,
+            TokenState::Stable => 2,
+        };
+        for w in seen.windows(2) {
+            let ((t0, s0), (t1, s1)) = (&w[0], &w[1]);
+            for i in 0..t0.len() {
+                assert!(rank(s1[i]) >= rank(s0[i]), "{name}: state went back at {i}");
+                assert_eq!(s0[i] == TokenState::Invisible, t0[i] == mask);
+                if s0[i] == TokenState::Stable {
+                    assert_eq!(t0[i], t1[i], "{name}: a stable token changed at {i}");
+                }
+            }
+        }
+        // A revision threshold no probability reaches never changes a token.
+        let none = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &DiffusionConfig {
+                revision: Some(Revision {
+                    revise_threshold: 1.0,
+                    stable_threshold: 1.0,
+                    ..Revision::default()
+                }),
+                ..full(true, 1.0)
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(none.revised, 0);
+        // Multi-block alone equals the same run with the revision lane idle: the revision
+        // path does not disturb the dense lane's cache.
+        let mb = generate(
+            &model,
+            &dense,
+            &prompt,
+            &DiffusionConfig {
+                revision: None,
+                ..full(true, 1.0)
+            },
+        )
+        .unwrap();
+        assert!(mb.forward_passes <= 32);
+        assert_eq!(mb.sparse_passes, 0);
+        // One token per step: windows shorter than a shape are padded, and counted.
+        let one = generate(
+            &model,
+            &dense,
+            &prompt,
+            &DiffusionConfig {
+                revision: None,
+                threshold: None,
+                ..full(true, 1.0)
+            },
+        )
+        .unwrap();
+        assert_eq!(one.forward_passes, 32);
+        assert!(one.padded_rows > 0, "{name}: window padding not counted");
+        assert!(!one.tokens.contains(&mask));
+    }
+}
+
+#[test]
+fn new_options_are_validated() {
+    let model = load("hf-llada");
+    let lane = Lane::new("dense", 1).unwrap();
+    let base = DiffusionConfig::one_per_step(16, 8);
+    for bad in [
+        // multi-block / revision need the dual cache
+        DiffusionConfig {
+            multi_block: Some(MultiBlock {
+                window: 16,
+                lookahead: 4,
+            }),
+            ..base.clone()
+        },
+        DiffusionConfig {
+            revision: Some(Revision::default()),
+            cache: CacheMode::Prefix,
+            ..base.clone()
+        },
+        // windows are static shapes
+        DiffusionConfig {
+            cache: CacheMode::Dual,
+            multi_block: Some(MultiBlock {
+                window: 20,
+                lookahead: 4,
+            }),
+            ..base.clone()
+        },
+        // CFG is vanilla-only; negative scales are refused
+        DiffusionConfig {
+            cache: CacheMode::Dual,
+            cfg_scale: 1.0,
+            ..base.clone()
+        },
+        DiffusionConfig {
+            cfg_scale: -1.0,
+            ..base.clone()
+        },
+    ] {
+        assert!(generate(&model, &lane, &[5, 6], &bad).is_err());
+    }
 }

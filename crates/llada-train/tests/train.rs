@@ -263,10 +263,8 @@ fn gradients_match_finite_differences() {
             let at = |v: f32| {
                 let mut w = orig.clone();
                 w[i] = v;
-                var.set(
-                    &candle_core::Tensor::from_vec(w, var.as_tensor().shape(), &dev).unwrap(),
-                )
-                .unwrap();
+                var.set(&candle_core::Tensor::from_vec(w, var.as_tensor().shape(), &dev).unwrap())
+                    .unwrap();
                 loss_of()
             };
             let fd = (at(orig[i] + h) - at(orig[i] - h)) / (2.0 * h as f64);
@@ -278,6 +276,9 @@ fn gradients_match_finite_differences() {
             );
             checked += 1;
         }
-        assert!(checked >= 10, "{format:?}: only {checked} parameters probed");
+        assert!(
+            checked >= 10,
+            "{format:?}: only {checked} parameters probed"
+        );
     }
 }
