@@ -148,9 +148,7 @@ mod tests {
         let mut s = vec![Invisible; 32];
         let mut d = vec![false; 32];
         // Block 0 (0..8): five committed and clean, position 5 committed last step (dirty).
-        for i in 0..6 {
-            s[i] = Visible;
-        }
+        s[..6].iter_mut().for_each(|x| *x = Visible);
         d[5] = true;
         // 2 masked left in block 0 (< 3): the window slides to 5 and extends to 5 + 16.
         let w = plan(&s, &d, 8, Some(&mb)).unwrap();
