@@ -14,7 +14,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// `llada bench diffusion` compares the diffusion strategies; without a subcommand, a
+    /// model's prefill/decode speed is measured.
+    #[command(subcommand)]
+    pub sub: Option<BenchCmd>,
     /// Alias, GGUF file or HF directory.
     #[arg(default_value = "smollm2")]
     model: String,
@@ -45,6 +50,13 @@ pub struct BenchArgs {
     /// Write an operator trace of the decode run to FILE.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchCmd {
+    /// Every diffusion strategy and ablation on the tiny zoo, plus the window sweep (Markdown,
+    /// CSV, SVG plot, --json).
+    Diffusion(crate::bench_diffusion::DiffusionBenchArgs),
 }
 
 #[derive(Serialize)]
@@ -153,6 +165,9 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(BenchCmd::Diffusion(d)) = a.sub {
+        return crate::bench_diffusion::run(d);
+    }
     let path = crate::models::resolve(&a.model, a.json)?;
     let model = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;

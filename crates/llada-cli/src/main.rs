@@ -4,7 +4,9 @@
 //! alias), `info` (what a model file holds), `bench` (speed against the machine's memory floor).
 
 mod bench;
+mod bench_diffusion;
 mod models;
+mod synth;
 mod zoo;
 
 use anyhow::{bail, Context, Result};
@@ -55,6 +57,9 @@ enum Cmd {
     },
     /// Measure prefill/decode speed, memory bandwidth and matmul throughput.
     Bench(bench::BenchArgs),
+    /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B) and random quantized
+    /// weights, for speed measurements without a download.
+    Synth(synth::SynthArgs),
     /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
     Train(zoo::TrainArgs),
     /// Evaluate a model: exact match per task on the held-out split (diffusion task models).
@@ -427,6 +432,7 @@ fn main() {
         }
         Cmd::Info { model, json } => run_info(&model, json),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Synth(a) => synth::run(a),
         Cmd::Train(a) => zoo::train(a),
         Cmd::Eval(a) => zoo::eval(a),
     };

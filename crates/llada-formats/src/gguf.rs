@@ -442,6 +442,8 @@ impl TensorSource for GgufFile {
 pub struct GgufWriter {
     kv: Vec<(String, Value)>,
     tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    /// (tensor index, bytes) of tensors filled at write time.
+    lazy: Vec<(usize, usize)>,
 }
 
 impl Default for GgufWriter {
@@ -455,6 +457,7 @@ impl GgufWriter {
         Self {
             kv: Vec::new(),
             tensors: Vec::new(),
+            lazy: Vec::new(),
         }
     }
     pub fn kv(&mut self, key: &str, v: Value) -> &mut Self {
@@ -518,8 +521,25 @@ impl GgufWriter {
             Value::F64(x) => out.extend(x.to_le_bytes()),
         }
     }
-    /// Serialize to bytes (alignment 32).
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// Add a tensor whose bytes are produced at write time by [`GgufWriter::write_streaming`]'s
+    /// `fill` (multi-GB synthetic models never sit in memory).
+    pub fn tensor_lazy(&mut self, name: &str, shape: &[usize], ty: GgmlType) -> &mut Self {
+        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let n: u64 = ne.iter().product();
+        let bytes = ty.bytes_for(n).unwrap_or(0) as usize;
+        self.lazy.push((self.tensors.len(), bytes));
+        self.tensors.push((name.to_string(), ne, ty, Vec::new()));
+        self
+    }
+    fn data_len(&self, i: usize) -> usize {
+        self.lazy
+            .iter()
+            .find(|(j, _)| *j == i)
+            .map(|(_, b)| *b)
+            .unwrap_or(self.tensors[i].3.len())
+    }
+    /// Header (metadata, tensor infos, padding) of the file.
+    fn header(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend(b"GGUF");
         out.extend(3u32.to_le_bytes());
@@ -531,7 +551,7 @@ impl GgufWriter {
             Self::put_val(&mut out, v);
         }
         let mut off = 0u64;
-        for (name, ne, ty, data) in &self.tensors {
+        for (i, (name, ne, ty, _)) in self.tensors.iter().enumerate() {
             Self::put_str(&mut out, name);
             out.extend((ne.len() as u32).to_le_bytes());
             for d in ne {
@@ -539,14 +559,57 @@ impl GgufWriter {
             }
             out.extend(ty.id().to_le_bytes());
             out.extend(off.to_le_bytes());
-            off = (off + data.len() as u64).next_multiple_of(32);
+            off = (off + self.data_len(i) as u64).next_multiple_of(32);
         }
         out.resize(out.len().next_multiple_of(32), 0);
-        for (_, _, _, data) in &self.tensors {
+        out
+    }
+    /// Serialize to bytes (alignment 32); lazy tensors are zero-filled.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = self.header();
+        for (i, (_, _, _, data)) in self.tensors.iter().enumerate() {
             out.extend(data);
+            out.resize(out.len() + self.data_len(i) - data.len(), 0);
             out.resize(out.len().next_multiple_of(32), 0);
         }
         out
+    }
+    /// Write to `path`, asking `fill(tensor_index, chunk_offset, buf)` for the bytes of lazy
+    /// tensors chunk by chunk.
+    pub fn write_streaming(
+        &self,
+        path: &Path,
+        fill: &mut dyn FnMut(usize, usize, &mut [u8]),
+    ) -> Result<(), FormatError> {
+        use std::io::Write;
+        let io = |e| FormatError::io(path, e);
+        let f = std::fs::File::create(path).map_err(io)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 22, f);
+        let header = self.header();
+        w.write_all(&header).map_err(io)?;
+        let mut pos = header.len();
+        let mut buf = vec![0u8; 1 << 22];
+        for (i, (_, _, ty, data)) in self.tensors.iter().enumerate() {
+            let len = self.data_len(i);
+            if data.len() == len {
+                w.write_all(data).map_err(io)?;
+            } else {
+                // Chunks are whole quant blocks.
+                let step = (buf.len() / ty.block_bytes().max(1)).max(1) * ty.block_bytes().max(1);
+                let mut done = 0;
+                while done < len {
+                    let n = step.min(len - done);
+                    fill(i, done, &mut buf[..n]);
+                    w.write_all(&buf[..n]).map_err(io)?;
+                    done += n;
+                }
+            }
+            pos += len;
+            let pad = pos.next_multiple_of(32) - pos;
+            w.write_all(&[0u8; 32][..pad]).map_err(io)?;
+            pos += pad;
+        }
+        w.flush().map_err(io)
     }
     /// Write to `path`.
     pub fn write(&self, path: &Path) -> Result<(), FormatError> {

@@ -1,0 +1,599 @@
+//! `llada bench diffusion`: every diffusion strategy and ablation on the same held-out prompts,
+//! in one run (so ratios are meaningful on a noisy machine), plus the window sweep — the time
+//! of one forward pass versus window tokens over a cached prefix — that justifies keeping the
+//! dense lane's window full.
+
+use crate::zoo::Lanes;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use llada_decode::diffusion::{
+    CacheMode, Confidence, DiffusionConfig, MultiBlock, Revision, Schedule,
+};
+use llada_model::{AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
+use llada_runtime::Lane;
+use llada_train::tasks::{held_out_subset, Example};
+use llada_train::vocab::{CharVocab, BOS};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct DiffusionBenchArgs {
+    /// Models to run the strategies on (task models report accuracy; others latency only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "models/tiny-llada-tasks,models/tiny-dream-tasks,models/tiny-llada-prose"
+    )]
+    models: Vec<PathBuf>,
+    /// Held-out long-answer examples per task model (answers of ≥ --min-answer characters from
+    /// sort, cumsum and multi).
+    #[arg(long, default_value_t = 12)]
+    examples: usize,
+    /// Shortest answer counted as long.
+    #[arg(long, default_value_t = 48)]
+    min_answer: usize,
+    /// Answer length for task models (≥ 128 for the long-answer setting).
+    #[arg(long, default_value_t = 128)]
+    gen_length: usize,
+    /// Answer length for prose models.
+    #[arg(long, default_value_t = 256)]
+    prose_gen_length: usize,
+    /// Prompts for prose models.
+    #[arg(long, default_value_t = 2)]
+    prose_prompts: usize,
+    /// Block length of every strategy.
+    #[arg(long, default_value_t = 32)]
+    block_length: usize,
+    /// Confidence threshold of the parallel strategies.
+    #[arg(long, default_value_t = 0.9)]
+    threshold: f32,
+    /// Multi-block window (static shape) and lookahead trigger.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    #[arg(long, default_value_t = 8)]
+    lookahead: usize,
+    /// Strategies to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Window sizes of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
+    sweep: Vec<usize>,
+    /// Extra models for the sweep only (e.g. a `llada synth` GGUF of LLaDA-8B's shape).
+    #[arg(long, value_delimiter = ',')]
+    sweep_models: Vec<PathBuf>,
+    /// Cached prefix length of the sweep.
+    #[arg(long, default_value_t = 64)]
+    sweep_prefix: usize,
+    /// Skip the window sweep.
+    #[arg(long)]
+    no_sweep: bool,
+    /// Directory for runs.csv, sweep.csv, sweep.svg and report.md.
+    #[arg(long, default_value = "bench-out/diffusion")]
+    out_dir: PathBuf,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the JSON report on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The strategies and ablations, in report order.
+pub const STRATEGIES: [&str; 6] = [
+    "vanilla",
+    "prefix",
+    "dual+threshold",
+    "multi-block",
+    "full",
+    "revision-only",
+];
+
+fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionConfig> {
+    let mut c = DiffusionConfig {
+        gen_length: gen,
+        steps: gen,
+        block_length: a.block_length,
+        schedule: Schedule::Uniform,
+        confidence: Confidence::TopProb,
+        temperature: 0.0,
+        seed: 0,
+        cache: CacheMode::None,
+        threshold: None,
+        multi_block: None,
+        revision: None,
+        cfg_scale: 0.0,
+    };
+    let mb = MultiBlock {
+        window: a.window,
+        lookahead: a.lookahead,
+    };
+    match name {
+        "vanilla" => {}
+        "prefix" => c.cache = CacheMode::Prefix,
+        "dual+threshold" => {
+            c.cache = CacheMode::Dual;
+            c.threshold = Some(a.threshold);
+        }
+        "multi-block" => {
+            c.cache = CacheMode::Dual;
+            c.threshold = Some(a.threshold);
+            c.multi_block = Some(mb);
+        }
+        "full" => {
+            c.cache = CacheMode::Dual;
+            c.threshold = Some(a.threshold);
+            c.multi_block = Some(mb);
+            c.revision = Some(Revision::default());
+        }
+        "revision-only" => {
+            c.cache = CacheMode::Dual;
+            c.threshold = Some(a.threshold);
+            c.revision = Some(Revision::default());
+        }
+        other => bail!("unknown strategy '{other}' ({})", STRATEGIES.join(", ")),
+    }
+    c.validate().map_err(anyhow::Error::msg)?;
+    Ok(c)
+}
+
+/// One (strategy, model) record.
+#[derive(Serialize, Clone)]
+pub struct Run {
+    pub strategy: String,
+    pub model: String,
+    pub gen_length: usize,
+    pub samples: usize,
+    /// Mean end-to-end latency per sample.
+    pub latency_s: f64,
+    pub tokens_per_s: f64,
+    /// Mean dense forward passes per sample.
+    pub forwards: f64,
+    pub tokens_per_forward: f64,
+    pub padded_rows: usize,
+    pub revised: usize,
+    pub sparse_rows: usize,
+    /// Fraction of the sparse lane's time that overlapped the dense lane.
+    pub lane_overlap: Option<f64>,
+    pub accuracy: Option<f64>,
+}
+
+#[derive(Serialize, Clone)]
+pub struct SweepPoint {
+    pub model: String,
+    pub window: usize,
+    pub ms: f64,
+    pub ms_per_token: f64,
+}
+
+/// Long-answer held-out examples that fit `gen` (answer + at least one EOS).
+fn long_examples(n: usize, min: usize, gen: usize) -> Vec<Example> {
+    let pool = held_out_subset(4 * n + 16, &["sort", "cumsum", "multi"], 1.0);
+    let mut by_task: Vec<Vec<Example>> = vec![vec![]; 3];
+    for e in pool {
+        if e.answer.len() >= min && e.answer.len() < gen {
+            let k = ["sort", "cumsum", "multi"]
+                .iter()
+                .position(|t| *t == e.task)
+                .unwrap_or(0);
+            by_task[k].push(e);
+        }
+    }
+    // Round-robin over tasks so every task is represented.
+    let mut out = vec![];
+    let mut i = 0;
+    while out.len() < n && by_task.iter().any(|v| i < v.len()) {
+        for v in &by_task {
+            if let Some(e) = v.get(i) {
+                if out.len() < n {
+                    out.push(e.clone());
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Prompt ids and, for task models, the expected answer.
+type Prompt = (Vec<u32>, Option<String>);
+
+const PROSE_PROMPTS: [&str; 4] = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune,",
+    "And God said unto Moses, Go in unto Pharaoh, and tell him,",
+    "Elizabeth walked on, thinking of what her sister had said about",
+    "Blessed are they that mourn: for they shall be comforted. Blessed are",
+];
+
+fn run_one(
+    model: &Model,
+    name: &str,
+    prompts: &[Prompt],
+    cfg: &DiffusionConfig,
+    threads: usize,
+    model_name: &str,
+) -> Result<Run> {
+    let lanes = Lanes::new(threads, cfg)?;
+    let (mut lat, mut fw, mut pad, mut rev, mut srows) = (0.0, 0usize, 0, 0, 0);
+    let (mut right, mut checked) = (0usize, 0usize);
+    let (mut sparse_s, mut overlap_s) = (0.0, 0.0);
+    for (p, want) in prompts {
+        let t = Instant::now();
+        let out = lanes.generate(model, p, cfg, None)?;
+        lat += t.elapsed().as_secs_f64();
+        fw += out.forward_passes;
+        pad += out.padded_rows;
+        rev += out.revised;
+        srows += out.sparse_rows;
+        sparse_s += out.sparse_s;
+        overlap_s += out.overlap_s;
+        if let Some(w) = want {
+            checked += 1;
+            right += usize::from(CharVocab::decode(&out.tokens) == *w);
+        }
+    }
+    let n = prompts.len().max(1) as f64;
+    let gen = cfg.gen_length as f64;
+    Ok(Run {
+        strategy: name.to_string(),
+        model: model_name.to_string(),
+        gen_length: cfg.gen_length,
+        samples: prompts.len(),
+        latency_s: lat / n,
+        tokens_per_s: gen * n / lat.max(1e-12),
+        forwards: fw as f64 / n,
+        tokens_per_forward: gen * n / (fw.max(1) as f64),
+        padded_rows: pad,
+        revised: rev,
+        sparse_rows: srows,
+        lane_overlap: (sparse_s > 0.0).then(|| overlap_s / sparse_s),
+        accuracy: (checked > 0).then(|| right as f64 / checked as f64),
+    })
+}
+
+/// Time of one forward pass of `w` window rows over a cached prefix of `prefix` rows.
+pub fn sweep_model(
+    model: &Model,
+    lane: &Lane,
+    windows: &[usize],
+    prefix: usize,
+    name: &str,
+    reps: usize,
+) -> Result<Vec<SweepPoint>> {
+    let mask = model.config.mask_id.unwrap_or(0);
+    let mut cache = model.new_cache();
+    let max_w = windows.iter().copied().max().unwrap_or(8);
+    if prefix + max_w > model.config.max_ctx {
+        bail!(
+            "{name}: prefix {prefix} + window {max_w} exceeds the context {}",
+            model.config.max_ctx
+        );
+    }
+    let toks: Vec<u32> = (0..prefix as u32)
+        .map(|i| 3 + i % (model.config.vocab as u32 - 3).max(1))
+        .collect();
+    let pos: Vec<u32> = (0..prefix as u32).collect();
+    lane.run(|| {
+        model.forward(
+            &ForwardRequest {
+                tokens: &toks,
+                positions: &pos,
+                mask: AttnMask::Bidirectional,
+                kv_write: KvWrite::Append,
+                logits: LogitRows::None,
+            },
+            &mut cache,
+        )
+    })?;
+    let mut out = vec![];
+    for &w in windows {
+        let toks = vec![mask; w];
+        let pos: Vec<u32> = (prefix as u32..(prefix + w) as u32).collect();
+        let mut times = vec![];
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            lane.run(|| {
+                model.forward(
+                    &ForwardRequest {
+                        tokens: &toks,
+                        positions: &pos,
+                        mask: AttnMask::Bidirectional,
+                        kv_write: KvWrite::None,
+                        logits: LogitRows::All,
+                    },
+                    &mut cache,
+                )
+            })?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        out.push(SweepPoint {
+            model: name.to_string(),
+            window: w,
+            ms,
+            ms_per_token: ms / w as f64,
+        });
+    }
+    Ok(out)
+}
+
+fn model_name(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().trim_end_matches(".gguf").to_string())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+fn plot(sweep: &[SweepPoint], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(450);
+    let models: Vec<String> = {
+        let mut m: Vec<String> = sweep.iter().map(|p| p.model.clone()).collect();
+        m.dedup();
+        m
+    };
+    let wmax = sweep.iter().map(|p| p.window).max().unwrap_or(256) as f64;
+    for (area, per_token) in [(&left, false), (&right, true)] {
+        let val = |p: &SweepPoint| if per_token { p.ms_per_token } else { p.ms };
+        let ymax = sweep.iter().map(val).fold(0.0, f64::max) * 1.1;
+        let ymin = sweep
+            .iter()
+            .map(val)
+            .fold(f64::INFINITY, f64::min)
+            .max(1e-4)
+            * 0.8;
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                if per_token {
+                    "ms per window token (log)"
+                } else {
+                    "ms per forward pass (log)"
+                },
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d((4.0f64..wmax * 1.3).log_scale(), (ymin..ymax).log_scale())?;
+        chart.configure_mesh().x_desc("window tokens").draw()?;
+        for (i, m) in models.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    sweep
+                        .iter()
+                        .filter(|p| &p.model == m)
+                        .map(|p| (p.window as f64, val(p))),
+                    color,
+                ))?
+                .label(m.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+pub fn run(a: DiffusionBenchArgs) -> Result<()> {
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let names: Vec<String> = if a.strategies.is_empty() {
+        STRATEGIES.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.strategies.clone()
+    };
+    std::fs::create_dir_all(&a.out_dir)
+        .with_context(|| format!("creating {}", a.out_dir.display()))?;
+    let mut runs: Vec<Run> = vec![];
+    let mut sweep: Vec<SweepPoint> = vec![];
+    let total = a.models.len() * names.len();
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total as u64)
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let dense_lane = Lane::new("dense", threads)?;
+    for path in &a.models {
+        let model = Model::load(path, &LoadOptions::default())
+            .with_context(|| format!("loading {} (train it with `llada train`)", path.display()))?;
+        let mname = model_name(path);
+        let task_model = model.config.vocab == CharVocab::size();
+        let (gen, prompts): (usize, Vec<Prompt>) = if task_model {
+            let ex = long_examples(a.examples, a.min_answer, a.gen_length);
+            if ex.is_empty() {
+                bail!(
+                    "no held-out example has an answer of {} to {} characters",
+                    a.min_answer,
+                    a.gen_length
+                );
+            }
+            (
+                a.gen_length,
+                ex.iter()
+                    .map(|e| {
+                        let mut p = vec![BOS];
+                        p.extend(CharVocab::encode(&e.prompt));
+                        (p, Some(e.answer.clone()))
+                    })
+                    .collect(),
+            )
+        } else {
+            let tok = model
+                .tokenizer
+                .as_ref()
+                .context("a prose model needs its tokenizer")?;
+            let mut ps = vec![];
+            for text in PROSE_PROMPTS.iter().take(a.prose_prompts.max(1)) {
+                let mut ids = tok.encode(text).map_err(anyhow::Error::msg)?;
+                if let Some(b) = model.config.bos_id {
+                    ids.insert(0, b);
+                }
+                ps.push((ids, None));
+            }
+            (a.prose_gen_length, ps)
+        };
+        for name in &names {
+            pb.set_message(format!("{mname}: {name}"));
+            let cfg = strategy(name, &a, gen)?;
+            runs.push(run_one(&model, name, &prompts, &cfg, threads, &mname)?);
+            pb.inc(1);
+        }
+        if !a.no_sweep {
+            pb.set_message(format!("{mname}: window sweep"));
+            sweep.extend(sweep_model(
+                &model,
+                &dense_lane,
+                &a.sweep,
+                a.sweep_prefix,
+                &mname,
+                3,
+            )?);
+        }
+    }
+    if !a.no_sweep {
+        for path in &a.sweep_models {
+            pb.set_message(format!("{}: window sweep", path.display()));
+            let model = Model::load(
+                path,
+                &LoadOptions {
+                    no_tokenizer: true,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("loading {}", path.display()))?;
+            sweep.extend(sweep_model(
+                &model,
+                &dense_lane,
+                &a.sweep,
+                a.sweep_prefix,
+                &model_name(path),
+                1,
+            )?);
+        }
+    }
+    pb.finish_and_clear();
+
+    // Summary: the full strategy against both baselines on the first task model.
+    let primary = runs
+        .iter()
+        .find(|r| r.accuracy.is_some())
+        .map(|r| r.model.clone());
+    let get = |s: &str| {
+        runs.iter()
+            .find(|r| Some(&r.model) == primary.as_ref() && r.strategy == s)
+    };
+    let ratio = |base: &str| match (get(base), get("full")) {
+        (Some(b), Some(f)) => Some(b.latency_s / f.latency_s),
+        _ => None,
+    };
+    let delta = match (get("full"), get("vanilla")) {
+        (Some(f), Some(v)) => match (f.accuracy, v.accuracy) {
+            (Some(fa), Some(va)) => Some(100.0 * (fa - va)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let report = serde_json::json!({
+        "runs": runs,
+        "speedup_vs_prefix_cache": ratio("prefix"),
+        "speedup_vs_vanilla": ratio("vanilla"),
+        "accuracy_delta_pts": delta,
+        "summary_model": primary,
+        "window_sweep": sweep,
+        "threads": threads,
+    });
+
+    // Markdown, CSV, plot.
+    let mut md = String::from("| model | strategy | gen | latency s | tok/s | forwards | tok/forward | padded rows | revised | lane overlap | accuracy |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut csv = String::from("model,strategy,gen_length,samples,latency_s,tokens_per_s,forwards,tokens_per_forward,padded_rows,revised,sparse_rows,lane_overlap,accuracy\n");
+    let opt = |v: Option<f64>, pct: bool| match v {
+        Some(x) if pct => format!("{:.1}%", 100.0 * x),
+        Some(x) => format!("{x:.3}"),
+        None => "–".into(),
+    };
+    for r in &runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} |\n",
+            r.model,
+            r.strategy,
+            r.gen_length,
+            r.latency_s,
+            r.tokens_per_s,
+            r.forwards,
+            r.tokens_per_forward,
+            r.padded_rows,
+            r.revised,
+            opt(r.lane_overlap, true),
+            opt(r.accuracy, true)
+        ));
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            r.model,
+            r.strategy,
+            r.gen_length,
+            r.samples,
+            r.latency_s,
+            r.tokens_per_s,
+            r.forwards,
+            r.tokens_per_forward,
+            r.padded_rows,
+            r.revised,
+            r.sparse_rows,
+            r.lane_overlap.map(|v| v.to_string()).unwrap_or_default(),
+            r.accuracy.map(|v| v.to_string()).unwrap_or_default()
+        ));
+    }
+    let fmt_ratio = |v: Option<f64>| v.map_or("–".into(), |x| format!("{x:.2}x"));
+    md.push_str(&format!(
+        "\nfull strategy on {}: {} faster than prefix cache, {} faster than vanilla, accuracy {} pts vs vanilla\n",
+        primary.as_deref().unwrap_or("–"),
+        fmt_ratio(ratio("prefix")),
+        fmt_ratio(ratio("vanilla")),
+        delta.map_or("–".into(), |d| format!("{d:+.1}"))
+    ));
+    if !sweep.is_empty() {
+        md.push_str("\n| model | window | ms / forward | ms / token |\n|---|---|---|---|\n");
+        let mut scsv = String::from("model,window,ms,ms_per_token\n");
+        for p in &sweep {
+            md.push_str(&format!(
+                "| {} | {} | {:.2} | {:.3} |\n",
+                p.model, p.window, p.ms, p.ms_per_token
+            ));
+            scsv.push_str(&format!(
+                "{},{},{},{}\n",
+                p.model, p.window, p.ms, p.ms_per_token
+            ));
+        }
+        std::fs::write(a.out_dir.join("sweep.csv"), scsv)?;
+        plot(&sweep, &a.out_dir.join("sweep.svg"))?;
+    }
+    std::fs::write(a.out_dir.join("runs.csv"), csv)?;
+    std::fs::write(a.out_dir.join("report.md"), &md)?;
+    std::fs::write(
+        a.out_dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{md}");
+        eprintln!(
+            "written: {}/{{report.md,report.json,runs.csv,sweep.csv,sweep.svg}}",
+            a.out_dir.display()
+        );
+    }
+    Ok(())
+}
