@@ -4,11 +4,13 @@
 //! * [`sampling`]: greedy, temperature, top-k, top-p with a seeded RNG;
 //! * [`ar`]: autoregressive generation with streaming and stop conditions;
 //! * [`diffusion`]: diffusion decoding (LLaDA / Dream): vanilla, prefix / dual cache,
-//!   threshold commit, multi-block windows ([`window`]), progressive revision ([`revision`]).
+//!   threshold commit, multi-block windows ([`window`]), progressive revision ([`revision`]);
+//! * [`speculative`]: draft trees verified in one target pass, lossless acceptance.
 pub mod ar;
 pub mod diffusion;
 pub mod revision;
 pub mod sampling;
+pub mod speculative;
 pub mod window;
 
 pub use ar::{generate, GenerateConfig, GenerateOutput, StopReason};

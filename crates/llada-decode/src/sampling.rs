@@ -140,6 +140,11 @@ impl Sampler {
         last as u32
     }
 
+    /// A uniform draw in [0, 1) from the sampler's stream (rejection sampling).
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random()
+    }
+
     /// Pick the next token.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {

@@ -143,6 +143,24 @@ impl KvCache {
 }
 
 impl KvCache {
+    /// Move slot `from` to slot `to` (both `< len()`), every layer: compacts the accepted path
+    /// of a verified token tree before the rejected rows are truncated.
+    pub fn move_slot(&mut self, from: usize, to: usize) {
+        assert!(
+            from < self.len && to < self.len,
+            "KV move outside the cache"
+        );
+        if from == to {
+            return;
+        }
+        let d = self.kv_dim;
+        for l in 0..self.n_layers {
+            self.k[l].copy_within(from * d..(from + 1) * d, to * d);
+            self.v[l].copy_within(from * d..(from + 1) * d, to * d);
+        }
+        self.pos[to] = self.pos[from];
+    }
+
     /// Copy slot `slot` (every layer, and its position) from `other`, a cache of the same shape
     /// whose `len()` covers it; grows `self` if needed. This is the deferred merge of rows
     /// refreshed on a snapshot.

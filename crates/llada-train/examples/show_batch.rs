@@ -47,7 +47,14 @@ fn main() -> anyhow::Result<()> {
     for r in 0..ids.len() {
         println!("in  {}", show(&ids[r]));
         println!("tgt {}", show(&tg[r]));
-        println!("w   {:?}", &w[r].iter().filter(|x| **x > 0.0).take(3).collect::<Vec<_>>());
+        println!(
+            "w   {:?}",
+            &w[r]
+                .iter()
+                .filter(|x| **x > 0.0)
+                .take(3)
+                .collect::<Vec<_>>()
+        );
     }
     Ok(())
 }

@@ -1,0 +1,345 @@
+//! Drafters behind one trait, and the tree shapes grown from them.
+
+use super::tree::{Calibration, CostModel, DraftTree};
+use crate::sampling::{softmax, Sampler};
+use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
+use llada_runtime::{KvCache, Lane};
+
+/// The next-token proposals at one tree node.
+#[derive(Debug, Clone, Default)]
+pub struct Proposal {
+    /// Most likely tokens with their draft probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+    /// The full draft distribution (model drafters; needed by chain rejection sampling).
+    pub full: Option<Vec<f32>>,
+}
+
+/// A source of draft tokens.
+pub trait Drafter: Send {
+    fn name(&self) -> String;
+    /// Proposals after `context ++ path tokens of node` (`None`: after the context).
+    fn propose(
+        &mut self,
+        context: &[u32],
+        tree: &DraftTree,
+        node: Option<usize>,
+        k: usize,
+    ) -> Result<Proposal, ModelError>;
+}
+
+/// How the tree is grown.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TreeShape {
+    /// A chain of up to `n` tokens, stopping below draft probability `p_min` (llama.cpp's
+    /// `--draft-max` / `--draft-p-min`).
+    Chain { n: usize, p_min: f32 },
+    /// Fixed top-k tree: `widths[d]` children for every node of depth `d`.
+    TopK { widths: Vec<usize> },
+    /// Lever: best-first growth while a node's calibrated path probability pays for its row
+    /// under the cost model (docs/speculative.md).
+    CostAware {
+        max_nodes: usize,
+        max_depth: usize,
+        top_k: usize,
+    },
+}
+
+/// Grow a tree from `drafter`. With `sample` (chain rejection sampling), chain nodes are drawn
+/// from the draft distribution instead of taken greedily; `q_full` receives each node's draft
+/// distribution.
+#[allow(clippy::too_many_arguments)]
+pub fn grow(
+    drafter: &mut dyn Drafter,
+    context: &[u32],
+    shape: &TreeShape,
+    cal: &Calibration,
+    cost: &CostModel,
+    sample: Option<&mut Sampler>,
+    q_full: &mut Vec<Vec<f32>>,
+) -> Result<DraftTree, ModelError> {
+    let mut t = DraftTree::default();
+    q_full.clear();
+    match shape {
+        TreeShape::Chain { n, p_min } => {
+            let mut node = None;
+            let mut sampler = sample;
+            for _ in 0..*n {
+                let want_full = sampler.is_some();
+                let p = drafter.propose(context, &t, node, if want_full { 0 } else { 1 })?;
+                let (tok, q) = match (&mut sampler, &p.full) {
+                    (Some(s), Some(full)) => {
+                        let x = s.draw(full);
+                        (x, full[x as usize])
+                    }
+                    _ => match p.top.first() {
+                        Some(&(x, q)) if q >= *p_min => (x, q),
+                        _ => break,
+                    },
+                };
+                node = Some(t.push(node, tok, q, cal.accept(q)));
+                q_full.push(p.full.unwrap_or_default());
+            }
+        }
+        TreeShape::TopK { widths } => {
+            let mut frontier: Vec<Option<usize>> = vec![None];
+            for &w in widths {
+                let mut next = vec![];
+                for &f in &frontier {
+                    let p = drafter.propose(context, &t, f, w)?;
+                    for &(tok, q) in p.top.iter().take(w) {
+                        next.push(Some(t.push(f, tok, q, cal.accept(q))));
+                    }
+                }
+                frontier = next;
+                if frontier.is_empty() {
+                    break;
+                }
+            }
+        }
+        TreeShape::CostAware {
+            max_nodes,
+            max_depth,
+            top_k,
+        } => {
+            // Candidates: (path probability, parent, token, q).
+            let mut cands: Vec<(f32, Option<usize>, u32, f32)> = vec![];
+            let root = drafter.propose(context, &t, None, *top_k)?;
+            cands.extend(root.top.iter().map(|&(x, q)| (cal.accept(q), None, x, q)));
+            while t.len() < *max_nodes {
+                let Some(best) =
+                    (0..cands.len()).max_by(|&a, &b| cands[a].0.total_cmp(&cands[b].0))
+                else {
+                    break;
+                };
+                let (a, parent, tok, q) = cands.swap_remove(best);
+                if !cost.worth_adding(t.expected_accepted() as f64, t.len(), a as f64) {
+                    break;
+                }
+                let id = t.push(parent, tok, q, cal.accept(q));
+                if (t.depth[id] as usize) < *max_depth {
+                    let p = drafter.propose(context, &t, Some(id), *top_k)?;
+                    let pp = t.path_prob[id];
+                    cands.extend(
+                        p.top
+                            .iter()
+                            .map(|&(x, q)| (pp * cal.accept(q), Some(id), x, q)),
+                    );
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Prompt lookup (n-gram) drafting: no model. The continuation of the most recent earlier
+/// occurrence of the longest matching suffix (3, 2 or 1 tokens), with probabilities from how
+/// often each continuation followed that suffix.
+#[derive(Debug, Default)]
+pub struct NgramDrafter;
+
+impl Drafter for NgramDrafter {
+    fn name(&self) -> String {
+        "ngram".into()
+    }
+    fn propose(
+        &mut self,
+        context: &[u32],
+        tree: &DraftTree,
+        node: Option<usize>,
+        k: usize,
+    ) -> Result<Proposal, ModelError> {
+        let mut seq: Vec<u32> = context.to_vec();
+        if let Some(n) = node {
+            seq.extend(tree.path(n).iter().map(|&i| tree.tokens[i]));
+        }
+        for n in [3usize, 2, 1] {
+            if seq.len() <= n {
+                continue;
+            }
+            let suffix = &seq[seq.len() - n..];
+            let mut counts: Vec<(u32, usize)> = vec![];
+            for i in 0..seq.len() - n {
+                if &seq[i..i + n] == suffix {
+                    let next = seq[i + n];
+                    match counts.iter_mut().find(|c| c.0 == next) {
+                        Some(c) => c.1 += 1,
+                        None => counts.push((next, 1)),
+                    }
+                }
+            }
+            if counts.is_empty() {
+                continue;
+            }
+            let total: usize = counts.iter().map(|c| c.1).sum();
+            counts.sort_by(|a, b| b.1.cmp(&a.1));
+            // Longer matches are more trustworthy.
+            let trust = [0.0, 0.35, 0.6, 0.8][n];
+            let top = counts
+                .iter()
+                .take(k.max(1))
+                .map(|&(t, c)| (t, trust * c as f32 / total as f32))
+                .collect();
+            return Ok(Proposal { top, full: None });
+        }
+        Ok(Proposal::default())
+    }
+}
+
+/// A draft model sharing the target's token ids (e.g. `smollm2-draft`), with its own KV cache
+/// of the committed context.
+pub struct ModelDrafter<'m> {
+    pub model: &'m Model,
+    pub lane: &'m Lane,
+    cache: KvCache,
+    cached: Vec<u32>,
+    temperature: f32,
+}
+
+impl<'m> ModelDrafter<'m> {
+    /// `temperature` shapes the draft distribution (0: greedy top-k; > 0: softmax(logits / T)).
+    pub fn new(model: &'m Model, lane: &'m Lane, temperature: f32) -> Self {
+        Self {
+            model,
+            lane,
+            cache: model.new_cache(),
+            cached: vec![],
+            temperature,
+        }
+    }
+    /// Keep the cache equal to `context[..len − 1]` (rollback after rejections, append the new).
+    fn sync(&mut self, context: &[u32]) -> Result<(), ModelError> {
+        let want = &context[..context.len().saturating_sub(1)];
+        let common = self
+            .cached
+            .iter()
+            .zip(want)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.cache.truncate(common);
+        self.cached.truncate(common);
+        if want.len() > common {
+            let pos: Vec<u32> = (common as u32..want.len() as u32).collect();
+            let model = self.model;
+            let cache = &mut self.cache;
+            self.lane.run(|| {
+                model.forward(
+                    &ForwardRequest {
+                        tokens: &want[common..],
+                        positions: &pos,
+                        mask: AttnMask::Causal,
+                        kv_write: KvWrite::Append,
+                        logits: LogitRows::None,
+                    },
+                    cache,
+                )
+            })?;
+            self.cached.extend_from_slice(&want[common..]);
+        }
+        Ok(())
+    }
+}
+
+impl Drafter for ModelDrafter<'_> {
+    fn name(&self) -> String {
+        "model".into()
+    }
+    fn propose(
+        &mut self,
+        context: &[u32],
+        tree: &DraftTree,
+        node: Option<usize>,
+        k: usize,
+    ) -> Result<Proposal, ModelError> {
+        if context.is_empty() {
+            return Ok(Proposal::default());
+        }
+        self.sync(context)?;
+        let mut toks = vec![context[context.len() - 1]];
+        if let Some(n) = node {
+            toks.extend(tree.path(n).iter().map(|&i| tree.tokens[i]));
+        }
+        let p0 = (context.len() - 1) as u32;
+        let pos: Vec<u32> = (p0..p0 + toks.len() as u32).collect();
+        let model = self.model;
+        let cache = &mut self.cache;
+        let out = self.lane.run(|| {
+            model.forward(
+                &ForwardRequest {
+                    tokens: &toks,
+                    positions: &pos,
+                    mask: AttnMask::Causal,
+                    kv_write: KvWrite::None,
+                    logits: LogitRows::Last,
+                },
+                cache,
+            )
+        })?;
+        let mut p: Vec<f32> = out.row(0).to_vec();
+        if self.temperature > 0.0 {
+            p.iter_mut().for_each(|v| *v /= self.temperature);
+        }
+        softmax(&mut p);
+        let mut top: Vec<(u32, f32)> = vec![];
+        for (i, &v) in p.iter().enumerate() {
+            if top.len() < k.max(1) {
+                top.push((i as u32, v));
+                top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            } else if v > top[top.len() - 1].1 {
+                let last = top.len() - 1;
+                top[last] = (i as u32, v);
+                top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            }
+        }
+        Ok(Proposal { top, full: Some(p) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_finds_the_repeat() {
+        let mut d = NgramDrafter;
+        let ctx = [5u32, 6, 7, 8, 9, 5, 6, 7];
+        let p = d.propose(&ctx, &DraftTree::default(), None, 2).unwrap();
+        assert_eq!(p.top[0].0, 8);
+        // A chain follows the earlier occurrence token by token.
+        let t = grow(
+            &mut d,
+            &ctx,
+            &TreeShape::Chain { n: 3, p_min: 0.1 },
+            &Calibration::default(),
+            &CostModel {
+                io_s: 1.0,
+                token_s: 0.01,
+            },
+            None,
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(t.tokens, vec![8, 9, 5]);
+    }
+
+    #[test]
+    fn topk_tree_shape() {
+        let mut d = NgramDrafter;
+        let ctx = [1u32, 2, 1, 3, 1, 4, 1];
+        let t = grow(
+            &mut d,
+            &ctx,
+            &TreeShape::TopK { widths: vec![3, 1] },
+            &Calibration::default(),
+            &CostModel {
+                io_s: 1.0,
+                token_s: 0.01,
+            },
+            None,
+            &mut vec![],
+        )
+        .unwrap();
+        // Three continuations of "1" at depth 1, one child each at depth 2.
+        assert_eq!(t.children(None).count(), 3);
+        assert_eq!(t.len(), 6);
+    }
+}

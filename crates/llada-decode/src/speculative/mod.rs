@@ -1,0 +1,275 @@
+//! Speculative decoding: a drafter proposes a token tree, the target verifies the whole tree in
+//! one forward pass with a tree attention mask, a lossless rule accepts a path plus one target
+//! token, and the KV rows of rejected branches are rolled back.
+//!
+//! * [`tree`]: trees, their masks, calibration and Lever's cost model;
+//! * [`drafter`]: the `Drafter` trait (draft model, n-gram) and tree growth (chain, top-k,
+//!   cost-aware);
+//! * [`accept`]: the acceptance rules.
+
+pub mod accept;
+pub mod drafter;
+pub mod tree;
+
+use crate::sampling::Sampler;
+use crate::SamplingParams;
+use accept::Accepted;
+use drafter::{grow, Drafter, TreeShape};
+use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
+use llada_runtime::Lane;
+use serde::Serialize;
+use std::time::Instant;
+use tree::{Calibration, CostModel};
+
+/// Options of speculative generation.
+#[derive(Debug, Clone)]
+pub struct SpecConfig {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub shape: TreeShape,
+    /// Stop after any of these ids (emitted, then generation ends).
+    pub stop_ids: Vec<u32>,
+}
+
+/// Result and statistics of a speculative generation.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpecOutput {
+    pub tokens: Vec<u32>,
+    /// Target forward passes (prefill excluded).
+    pub verify_passes: usize,
+    /// Draft tokens accepted over all passes.
+    pub accepted: usize,
+    /// Tree nodes verified over all passes.
+    pub tree_nodes: usize,
+    pub draft_s: f64,
+    pub verify_s: f64,
+    pub prefill_s: f64,
+    pub total_s: f64,
+}
+
+impl SpecOutput {
+    /// Mean draft tokens accepted per verification.
+    pub fn mean_accepted(&self) -> f64 {
+        self.accepted as f64 / self.verify_passes.max(1) as f64
+    }
+}
+
+/// Generate with `drafter` against `target`. `sparse`: the lane the vocabulary-wide final
+/// selection (acceptance) runs on; the dense lane runs the target.
+pub fn generate(
+    target: &Model,
+    dense: &Lane,
+    sparse: Option<&Lane>,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+) -> Result<SpecOutput, ModelError> {
+    cfg.sampling.validate().map_err(ModelError::BadRequest)?;
+    if prompt.is_empty() {
+        return Err(ModelError::BadRequest("the prompt is empty".into()));
+    }
+    let t0 = Instant::now();
+    let mut out = SpecOutput::default();
+    let mut cache = target.new_cache();
+    let mut ctx: Vec<u32> = prompt.to_vec();
+    // Prefill all but the last prompt token: the last one is the root of every tree.
+    if ctx.len() > 1 {
+        let pos: Vec<u32> = (0..ctx.len() as u32 - 1).collect();
+        dense.run(|| {
+            target.forward(
+                &ForwardRequest {
+                    tokens: &ctx[..ctx.len() - 1],
+                    positions: &pos,
+                    mask: AttnMask::Causal,
+                    kv_write: KvWrite::Append,
+                    logits: LogitRows::None,
+                },
+                &mut cache,
+            )
+        })?;
+    }
+    out.prefill_s = t0.elapsed().as_secs_f64();
+    let sampler = Sampler::new(cfg.sampling);
+    let mut cal = Calibration::default();
+    // Cost model of this run, refitted from measured verify passes (least squares on
+    // (rows, seconds)); starts as "one pass costs what 16 rows cost".
+    let mut fit: Vec<(f64, f64)> = vec![];
+    let mut cost = CostModel {
+        io_s: 1e-2,
+        token_s: 1e-2 / 16.0,
+    };
+    let greedy = cfg.sampling.is_greedy();
+    let chain_rejection = !greedy && matches!(cfg.shape, TreeShape::Chain { .. });
+    let mut q_full: Vec<Vec<f32>> = vec![];
+    let budget = cfg.max_tokens;
+    while out.tokens.len() < budget {
+        let base = ctx.len() - 1; // slot / position of the root
+        if base + 1 >= target.config.max_ctx {
+            break;
+        }
+        let td = Instant::now();
+        let mut draft_sampler = chain_rejection.then(|| {
+            Sampler::new(SamplingParams {
+                seed: cfg.sampling.seed ^ (0x9e37 + out.verify_passes as u64),
+                ..cfg.sampling
+            })
+        });
+        let mut tree = grow(
+            drafter,
+            &ctx,
+            &cfg.shape,
+            &cal,
+            &cost,
+            draft_sampler.as_mut(),
+            &mut q_full,
+        )?;
+        // Never verify past the context or far past the token budget.
+        let room = (target.config.max_ctx - base - 1).min(budget - out.tokens.len());
+        while tree.len() > 0 && tree.depth.iter().any(|&d| d as usize > room) {
+            let keep: Vec<usize> = (0..tree.len())
+                .filter(|&i| tree.depth[i] as usize <= room)
+                .collect();
+            let mut t2 = tree::DraftTree::default();
+            let mut map = vec![usize::MAX; tree.len()];
+            for &i in &keep {
+                let p = tree.parent[i].map(|p| map[p]);
+                map[i] = t2.push(p, tree.tokens[i], tree.q[i], 1.0);
+                t2.path_prob[map[i]] = tree.path_prob[i];
+            }
+            tree = t2;
+        }
+        out.draft_s += td.elapsed().as_secs_f64();
+
+        // One verify pass: the root row and every tree node.
+        let tv = Instant::now();
+        let n = tree.len() + 1;
+        let mut toks = vec![ctx[base]];
+        toks.extend(&tree.tokens);
+        let pos: Vec<u32> = std::iter::once(base as u32)
+            .chain(tree.depth.iter().map(|&d| base as u32 + d))
+            .collect();
+        let mask = tree.attention_mask();
+        let slots: Vec<Option<usize>> = (0..n).map(|r| Some(base + r)).collect();
+        let vout = dense.run(|| {
+            target.forward(
+                &ForwardRequest {
+                    tokens: &toks,
+                    positions: &pos,
+                    mask: AttnMask::Explicit(&mask),
+                    kv_write: KvWrite::Slots(&slots),
+                    logits: LogitRows::All,
+                },
+                &mut cache,
+            )
+        })?;
+        let verify_time = tv.elapsed().as_secs_f64();
+        out.verify_s += verify_time;
+        out.verify_passes += 1;
+        out.tree_nodes += tree.len();
+        fit.push((n as f64, verify_time));
+        if fit.len() >= 4 {
+            cost = refit(&fit, cost);
+        }
+
+        // Final selection (vocabulary-wide) on the sparse lane.
+        let select = || -> Accepted {
+            if greedy {
+                accept::greedy(&tree, |r| vout.row(r))
+            } else if chain_rejection {
+                let p = |r: usize| sampler.distribution(vout.row(r));
+                let mut s2 = Sampler::new(SamplingParams {
+                    seed: cfg
+                        .sampling
+                        .seed
+                        .wrapping_add(out.verify_passes as u64 * 7919),
+                    ..cfg.sampling
+                });
+                accept::chain_rejection(&tree, p, |j| q_full[j].clone(), &mut s2)
+            } else {
+                let p = |r: usize| sampler.distribution(vout.row(r));
+                let mut s2 = Sampler::new(SamplingParams {
+                    seed: cfg
+                        .sampling
+                        .seed
+                        .wrapping_add(out.verify_passes as u64 * 7919),
+                    ..cfg.sampling
+                });
+                accept::tree_sampling(&tree, p, &mut s2)
+            }
+        };
+        let acc = match sparse {
+            Some(l) => l.run(select),
+            None => select(),
+        };
+
+        // Calibration: every node whose parent was on the accepted path was tested.
+        for j in 0..tree.len() {
+            let tested = match tree.parent[j] {
+                None => true,
+                Some(p) => acc.path.contains(&p),
+            };
+            if tested {
+                cal.observe(tree.q[j], acc.path.contains(&j));
+            }
+        }
+        // KV rollback: keep the root and the accepted path, compacted, drop the rest.
+        for (k, &j) in acc.path.iter().enumerate() {
+            cache.move_slot(base + 1 + j, base + 1 + k);
+        }
+        cache.truncate(base + 1 + acc.path.len());
+        out.accepted += acc.path.len();
+        let emitted: Vec<u32> = acc
+            .path
+            .iter()
+            .map(|&j| tree.tokens[j])
+            .chain([acc.bonus])
+            .collect();
+        let mut stop = false;
+        for t in emitted {
+            if out.tokens.len() >= budget {
+                stop = true;
+                break;
+            }
+            out.tokens.push(t);
+            ctx.push(t);
+            if cfg.stop_ids.contains(&t) {
+                stop = true;
+                break;
+            }
+        }
+        // The cache must hold exactly ctx[..len − 1].
+        cache.truncate(ctx.len() - 1);
+        if stop {
+            break;
+        }
+    }
+    out.total_s = t0.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Least-squares fit of `seconds = io_s + rows · token_s` over the measured passes (falls back
+/// to the previous model when the rows do not vary).
+fn refit(samples: &[(f64, f64)], prev: CostModel) -> CostModel {
+    let recent = &samples[samples.len().saturating_sub(64)..];
+    let n = recent.len() as f64;
+    let (sx, sy) = recent
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for (x, y) in recent {
+        sxx += (x - mx) * (x - mx);
+        sxy += (x - mx) * (y - my);
+    }
+    if sxx < 1e-9 {
+        return CostModel {
+            io_s: (my - mx * prev.token_s).max(1e-6),
+            token_s: prev.token_s,
+        };
+    }
+    let token_s = (sxy / sxx).max(1e-7);
+    CostModel {
+        io_s: (my - token_s * mx).max(1e-6),
+        token_s,
+    }
+}
