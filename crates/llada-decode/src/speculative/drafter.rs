@@ -171,7 +171,7 @@ impl Drafter for NgramDrafter {
                 continue;
             }
             let total: usize = counts.iter().map(|c| c.1).sum();
-            counts.sort_by(|a, b| b.1.cmp(&a.1));
+            counts.sort_by_key(|c| std::cmp::Reverse(c.1));
             // Longer matches are more trustworthy.
             let trust = [0.0, 0.35, 0.6, 0.8][n];
             let top = counts

@@ -125,7 +125,7 @@ pub fn generate(
         )?;
         // Never verify past the context or far past the token budget.
         let room = (target.config.max_ctx - base - 1).min(budget - out.tokens.len());
-        while tree.len() > 0 && tree.depth.iter().any(|&d| d as usize > room) {
+        while !tree.is_empty() && tree.depth.iter().any(|&d| d as usize > room) {
             let keep: Vec<usize> = (0..tree.len())
                 .filter(|&i| tree.depth[i] as usize <= room)
                 .collect();
