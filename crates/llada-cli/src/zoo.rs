@@ -45,6 +45,10 @@ pub struct TrainArgs {
     /// Scale task lengths down (0 < s ≤ 1), e.g. for quick experiments.
     #[arg(long, default_value_t = 1.0)]
     max_scale: f64,
+    /// Stop after this many minutes of training (wall time, resumed runs included), saving a
+    /// checkpoint; `--resume` continues.
+    #[arg(long)]
+    minutes: Option<f64>,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -62,6 +66,7 @@ impl TrainArgs {
             seed: self.seed,
             checkpoint_every: self.checkpoint_every.max(1),
             curriculum,
+            time_budget_s: self.minutes.map(|m| m * 60.0),
         }
     }
 }

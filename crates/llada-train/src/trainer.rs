@@ -24,6 +24,38 @@ pub struct TrainOptions {
     pub checkpoint_every: usize,
     /// Fraction of the run over which task lengths grow from 20% to 100% (curriculum).
     pub curriculum: f64,
+    /// Stop (after a checkpoint) once the run's wall time reaches this many seconds.
+    #[serde(default)]
+    pub time_budget_s: Option<f64>,
+}
+
+/// Global gradient-norm clip (the standard 1.0: the 1/t-weighted diffusion loss has rare
+/// large-gradient batches that otherwise undo progress).
+pub const GRAD_CLIP: f64 = 1.0;
+
+/// Scale every gradient so that their global L2 norm is at most `max`; returns the norm.
+pub fn clip_grad_norm(
+    model: &TrainModel,
+    grads: &mut candle_core::backprop::GradStore,
+    max: f64,
+) -> Result<f64> {
+    let vars = model.varmap.all_vars();
+    let mut sq = 0f64;
+    for v in &vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        }
+    }
+    let norm = sq.sqrt();
+    if norm > max {
+        let scale = max / (norm + 1e-6);
+        for v in &vars {
+            if let Some(g) = grads.remove(v.as_tensor()) {
+                grads.insert(v.as_tensor(), (g * scale)?);
+            }
+        }
+    }
+    Ok(norm)
 }
 
 /// What a run reached, written to `train_state.json`.
@@ -310,7 +342,9 @@ pub fn train(
         opt.set_learning_rate(lr);
         let loss = batch_loss(&model, &batch)?;
         let ntok = batch.tokens;
-        opt.backward_step(&loss)?;
+        let mut grads = loss.backward()?;
+        clip_grad_norm(&model, &mut grads, GRAD_CLIP)?;
+        opt.step(&grads)?;
         let l = loss.to_scalar::<f32>()? as f64;
         tokens += ntok as u64;
         ema = if ema.is_nan() {
@@ -325,7 +359,10 @@ pub fn train(
             tokens as f64 / (wall0 + el).max(1e-9)
         ));
         pb.inc(1);
-        if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps {
+        let out_of_time = opts
+            .time_budget_s
+            .is_some_and(|b| wall0 + t0.elapsed().as_secs_f64() >= b);
+        if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps || out_of_time {
             save_with(&model, &*data, out)?;
             let hl = batch_loss(&model, &heldout)?;
             let st = TrainState {
@@ -337,6 +374,12 @@ pub fn train(
                 options: opts.clone(),
             };
             std::fs::write(&state_path, serde_json::to_string_pretty(&st)?)?;
+        }
+        if out_of_time {
+            if !quiet {
+                pb.suspend(|| eprintln!("time budget reached at step {}: checkpoint saved (continue with --resume)", step + 1));
+            }
+            break;
         }
     }
     pb.finish();
