@@ -57,6 +57,9 @@ pub enum BenchCmd {
     /// Every diffusion strategy and ablation on the tiny zoo, plus the window sweep (Markdown,
     /// CSV, SVG plot, --json).
     Diffusion(crate::bench_diffusion::DiffusionBenchArgs),
+    /// Speculative decoding configurations against the AR baseline (greedy; checks that every
+    /// output is identical to AR).
+    Spec(crate::spec::SpecBenchArgs),
 }
 
 #[derive(Serialize)]
@@ -165,8 +168,10 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if let Some(BenchCmd::Diffusion(d)) = a.sub {
-        return crate::bench_diffusion::run(d);
+    match a.sub {
+        Some(BenchCmd::Diffusion(d)) => return crate::bench_diffusion::run(d),
+        Some(BenchCmd::Spec(s)) => return crate::spec::bench(s),
+        None => {}
     }
     let path = crate::models::resolve(&a.model, a.json)?;
     let model = Model::load(&path, &LoadOptions::default())

@@ -6,6 +6,7 @@
 mod bench;
 mod bench_diffusion;
 mod models;
+mod spec;
 mod synth;
 mod zoo;
 
@@ -118,11 +119,14 @@ struct GenerateArgs {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Decoding mode: ar (autoregressive) or diffusion (LLaDA/Dream models).
-    #[arg(long, default_value = "ar", value_parser = ["ar", "diffusion"])]
+    /// Decoding mode: ar (autoregressive), speculative (a drafter proposes token trees the
+    /// model verifies; output identical to ar), or diffusion (LLaDA/Dream models).
+    #[arg(long, default_value = "ar", value_parser = ["ar", "speculative", "diffusion"])]
     mode: String,
     #[command(flatten)]
     diffusion: zoo::DiffusionArgs,
+    #[command(flatten)]
+    spec: spec::SpecArgs,
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
@@ -251,6 +255,35 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     let ids = tok.encode(&text).map_err(anyhow::Error::msg)?;
     let json = a.json;
+    if a.mode == "speculative" {
+        let out = spec::run_generate(&model, &lane, &ids, &cfg, &a.spec)?;
+        let text = tok.decode(&out.tokens);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"model": model.path.display().to_string(), "mode": "speculative",
+                    "draft": a.spec.draft, "tree": a.spec.tree, "text": text, "tokens": out.tokens,
+                    "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(),
+                    "verify_passes": out.verify_passes, "mean_accepted": out.mean_accepted(),
+                    "tree_nodes": out.tree_nodes,
+                    "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s,
+                        "draft_s": out.draft_s, "verify_s": out.verify_s}})
+            );
+        } else {
+            println!("{text}");
+            eprintln!(
+                "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, tree {}]",
+                out.tokens.len(),
+                out.total_s - out.prefill_s,
+                out.tokens.len() as f64 / (out.total_s - out.prefill_s).max(1e-9),
+                out.verify_passes,
+                out.mean_accepted(),
+                a.spec.draft,
+                a.spec.tree
+            );
+        }
+        return write_trace(&a.model, &model);
+    }
     let mut stdout = std::io::stdout();
     let out = generate(&model, &lane, &ids, &cfg, |piece| {
         if !json {

@@ -377,7 +377,12 @@ pub fn train(
         }
         if out_of_time {
             if !quiet {
-                pb.suspend(|| eprintln!("time budget reached at step {}: checkpoint saved (continue with --resume)", step + 1));
+                pb.suspend(|| {
+                    eprintln!(
+                        "time budget reached at step {}: checkpoint saved (continue with --resume)",
+                        step + 1
+                    )
+                });
             }
             break;
         }

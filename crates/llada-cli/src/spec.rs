@@ -1,0 +1,387 @@
+//! `llada generate --mode speculative` options and `llada bench spec`.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use llada_decode::speculative::drafter::{Drafter, ModelDrafter, NgramDrafter, TreeShape};
+use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
+use llada_decode::{generate, GenerateConfig, SamplingParams};
+use llada_model::{LoadOptions, Model};
+use llada_runtime::Lane;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// Speculative decoding options (shared by `generate --mode speculative` and `bench spec`).
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    /// Drafter: `ngram` (prompt lookup, no model) or a draft model (path or alias) sharing the
+    /// target's token ids, e.g. models/smollm2-draft.
+    #[arg(long, default_value = "ngram")]
+    pub draft: String,
+    /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth).
+    #[arg(long, default_value = "lever", value_parser = ["chain", "topk", "lever"])]
+    pub tree: String,
+    /// Chain: tokens drafted per step.
+    #[arg(long, default_value_t = 16)]
+    pub n_draft: usize,
+    /// Chain: stop drafting below this draft probability.
+    #[arg(long, default_value_t = 0.75)]
+    pub p_min: f32,
+    /// Top-k tree: children per node at each depth.
+    #[arg(long, value_delimiter = ',', default_value = "3,2,2,1")]
+    pub widths: Vec<usize>,
+    /// Lever tree: most nodes, deepest path, candidates per node.
+    #[arg(long, default_value_t = 24)]
+    pub max_nodes: usize,
+    #[arg(long, default_value_t = 8)]
+    pub max_depth: usize,
+    #[arg(long, default_value_t = 3)]
+    pub tree_top_k: usize,
+}
+
+impl SpecArgs {
+    pub fn shape(&self) -> Result<TreeShape> {
+        Ok(match self.tree.as_str() {
+            "chain" => {
+                if self.n_draft == 0 {
+                    bail!("--n-draft must be at least 1");
+                }
+                TreeShape::Chain {
+                    n: self.n_draft,
+                    p_min: self.p_min,
+                }
+            }
+            "topk" => {
+                if self.widths.is_empty() || self.widths.contains(&0) {
+                    bail!("--widths must be positive, e.g. 3,2,2,1");
+                }
+                TreeShape::TopK {
+                    widths: self.widths.clone(),
+                }
+            }
+            _ => {
+                if self.max_nodes == 0 || self.max_depth == 0 || self.tree_top_k == 0 {
+                    bail!("--max-nodes, --max-depth and --tree-top-k must be at least 1");
+                }
+                TreeShape::CostAware {
+                    max_nodes: self.max_nodes,
+                    max_depth: self.max_depth,
+                    top_k: self.tree_top_k,
+                }
+            }
+        })
+    }
+}
+
+/// A loaded drafter: the n-gram drafter, or a draft model (kept alive for the borrow).
+pub enum DraftSource {
+    Ngram,
+    Model(Box<Model>),
+}
+
+impl DraftSource {
+    pub fn load(name: &str, target: &Model) -> Result<Self> {
+        if name == "ngram" {
+            return Ok(Self::Ngram);
+        }
+        let path = crate::models::resolve(name, true)?;
+        let m = Model::load(
+            &path,
+            &LoadOptions {
+                no_tokenizer: true,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("loading draft {}", path.display()))?;
+        if m.config.vocab != target.config.vocab {
+            bail!(
+                "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
+                path.display(),
+                m.config.vocab,
+                target.config.vocab
+            );
+        }
+        Ok(Self::Model(Box::new(m)))
+    }
+    pub fn drafter<'a>(&'a self, lane: &'a Lane, temperature: f32) -> Box<dyn Drafter + 'a> {
+        match self {
+            Self::Ngram => Box::new(NgramDrafter),
+            Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
+        }
+    }
+}
+
+/// Run speculative generation for the CLI.
+pub fn run_generate(
+    target: &Model,
+    lane: &Lane,
+    ids: &[u32],
+    cfg: &GenerateConfig,
+    a: &SpecArgs,
+) -> Result<SpecOutput> {
+    let src = DraftSource::load(&a.draft, target)?;
+    let draft_lane = Lane::new("draft", 1)?;
+    let sparse = Lane::new("sparse", 1)?;
+    let mut d = src.drafter(&draft_lane, cfg.sampling.temperature);
+    let stop: Vec<u32> = if cfg.stop_at_eos {
+        target
+            .tokenizer
+            .as_ref()
+            .map(|t| t.stop_ids.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(target.config.eos_id)
+            .collect()
+    } else {
+        vec![]
+    };
+    Ok(spec_generate(
+        target,
+        lane,
+        Some(&sparse),
+        d.as_mut(),
+        ids,
+        &SpecConfig {
+            max_tokens: cfg.max_tokens,
+            sampling: cfg.sampling,
+            shape: a.shape()?,
+            stop_ids: stop,
+        },
+    )?)
+}
+
+#[derive(Args)]
+pub struct SpecBenchArgs {
+    /// Target model (alias, GGUF or HF directory).
+    #[arg(long, default_value = "smollm2")]
+    target: String,
+    /// Drafters to compare (`ngram` and/or draft model paths).
+    #[arg(long, value_delimiter = ',', default_value = "ngram")]
+    drafts: Vec<String>,
+    /// Prompts (held-out-style prose and chat); each is generated greedily.
+    #[arg(long, default_value_t = 6)]
+    prompts: usize,
+    /// Tokens generated per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Directory for report.md, runs.csv and report.json.
+    #[arg(long, default_value = "bench-out/spec")]
+    out_dir: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct SpecRun {
+    config: String,
+    draft: String,
+    budget: String,
+    tokens_per_s: f64,
+    accepted_len: f64,
+    tree_nodes_per_pass: f64,
+    verify_passes: usize,
+    identical: usize,
+    prompts: usize,
+}
+
+const PROMPTS: [&str; 8] = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.",
+    "Write a Python function that returns the n-th Fibonacci number, then explain how it works.",
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void;",
+    "List the planets of the solar system in order from the Sun, one per line.",
+    "Mr. Darcy walked towards them with Mr. Bingley, and Elizabeth, who had been",
+    "Explain what a hash map is and give an example of using one.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Summarise the rules of chess in five sentences.",
+];
+
+pub fn bench(a: SpecBenchArgs) -> Result<()> {
+    let path = crate::models::resolve(&a.target, a.json)?;
+    let target = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let tok = target
+        .tokenizer
+        .as_ref()
+        .context("the target has no tokenizer")?;
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let lane = Lane::new("dense", threads)?;
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .take(a.prompts.clamp(1, PROMPTS.len()))
+        .map(|p| {
+            let text = tok
+                .template
+                .render(&[llada_formats::tokenizer::Message::new("user", p)], true);
+            tok.encode(&text).map_err(anyhow::Error::msg)
+        })
+        .collect::<Result<_>>()?;
+    let gcfg = GenerateConfig {
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams::default(),
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    // The AR baseline, and its tokens (the lossless reference).
+    let mut reference = vec![];
+    let mut ar_s = 0.0;
+    let mut ar_tokens = 0;
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new((prompts.len() * (1 + 3 * a.drafts.len())) as u64)
+    };
+    for p in &prompts {
+        let o = generate(&target, &lane, p, &gcfg, |_| true)?;
+        ar_s += o.decode_s + o.prefill_s;
+        ar_tokens += o.tokens.len();
+        reference.push(o.tokens);
+        pb.inc(1);
+    }
+    let mut runs = vec![SpecRun {
+        config: "ar".into(),
+        draft: "-".into(),
+        budget: "unlimited".into(),
+        tokens_per_s: ar_tokens as f64 / ar_s,
+        accepted_len: 0.0,
+        tree_nodes_per_pass: 0.0,
+        verify_passes: ar_tokens,
+        identical: prompts.len(),
+        prompts: prompts.len(),
+    }];
+    for draft in &a.drafts {
+        let src = DraftSource::load(draft, &target)?;
+        let dlane = Lane::new("draft", 1)?;
+        let sparse = Lane::new("sparse", 1)?;
+        for (name, shape) in [
+            ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }),
+            (
+                "topk-tree",
+                TreeShape::TopK {
+                    widths: vec![3, 2, 2, 1],
+                },
+            ),
+            (
+                "lever-tree",
+                TreeShape::CostAware {
+                    max_nodes: 24,
+                    max_depth: 8,
+                    top_k: 3,
+                },
+            ),
+        ] {
+            let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) = (0.0, 0, 0, 0, 0, 0);
+            for (p, want) in prompts.iter().zip(&reference) {
+                let mut d = src.drafter(&dlane, 0.0);
+                let o = spec_generate(
+                    &target,
+                    &lane,
+                    Some(&sparse),
+                    d.as_mut(),
+                    p,
+                    &SpecConfig {
+                        max_tokens: a.max_tokens,
+                        sampling: SamplingParams::default(),
+                        shape: shape.clone(),
+                        stop_ids: vec![],
+                    },
+                )?;
+                s += o.total_s;
+                toks += o.tokens.len();
+                acc += o.accepted;
+                passes += o.verify_passes;
+                nodes += o.tree_nodes;
+                same += usize::from(&o.tokens == want);
+                pb.inc(1);
+            }
+            runs.push(SpecRun {
+                config: name.into(),
+                draft: draft.clone(),
+                budget: "unlimited".into(),
+                tokens_per_s: toks as f64 / s,
+                accepted_len: acc as f64 / passes.max(1) as f64,
+                tree_nodes_per_pass: nodes as f64 / passes.max(1) as f64,
+                verify_passes: passes,
+                identical: same,
+                prompts: prompts.len(),
+            });
+        }
+    }
+    pb.finish_and_clear();
+    let ar = runs[0].tokens_per_s;
+    let chain = runs
+        .iter()
+        .find(|r| r.config == "chain")
+        .map(|r| r.tokens_per_s);
+    let lever = runs
+        .iter()
+        .find(|r| r.config == "lever-tree")
+        .map(|r| r.tokens_per_s);
+    let total: usize = runs.iter().skip(1).map(|r| r.prompts).sum();
+    let same: usize = runs.iter().skip(1).map(|r| r.identical).sum();
+    let report = serde_json::json!({
+        "runs": runs,
+        "speedup_vs_ar": lever.map(|l| l / ar),
+        "speedup_vs_chain": lever.zip(chain).map(|(l, c)| l / c),
+        "lossless_identical": same,
+        "lossless_total": total,
+        "target": path.display().to_string(),
+        "threads": threads,
+    });
+    std::fs::create_dir_all(&a.out_dir)?;
+    let mut md = String::from("| config | draft | budget | tok/s | accepted / pass | tree nodes / pass | verify passes | identical to AR |\n|---|---|---|---|---|---|---|---|\n");
+    let mut csv = String::from(
+        "config,draft,budget,tokens_per_s,accepted_len,tree_nodes_per_pass,verify_passes,identical,prompts\n",
+    );
+    for r in &runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {}/{} |\n",
+            r.config,
+            r.draft,
+            r.budget,
+            r.tokens_per_s,
+            r.accepted_len,
+            r.tree_nodes_per_pass,
+            r.verify_passes,
+            r.identical,
+            r.prompts
+        ));
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            r.config,
+            r.draft,
+            r.budget,
+            r.tokens_per_s,
+            r.accepted_len,
+            r.tree_nodes_per_pass,
+            r.verify_passes,
+            r.identical,
+            r.prompts
+        ));
+    }
+    std::fs::write(a.out_dir.join("report.md"), &md)?;
+    std::fs::write(a.out_dir.join("runs.csv"), csv)?;
+    std::fs::write(
+        a.out_dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    if a.json {
+        println!("{report}");
+    } else {
+        println!("{md}");
+        println!(
+            "lever tree vs AR: {}, vs chain: {}; greedy output identical to AR in {same}/{total} runs",
+            report["speedup_vs_ar"]
+                .as_f64()
+                .map_or("–".into(), |v| format!("{v:.2}x")),
+            report["speedup_vs_chain"]
+                .as_f64()
+                .map_or("–".into(), |v| format!("{v:.2}x"))
+        );
+    }
+    Ok(())
+}
