@@ -197,9 +197,11 @@ pub fn generate(
                 accept::tree_sampling(&tree, p, &mut s2)
             }
         };
+        // A one-row selection is not worth a thread hop (the dense pool's workers would
+        // compete with the sparse thread for the cores).
         let acc = match sparse {
-            Some(l) => l.run(select),
-            None => select(),
+            Some(l) if tree.len() >= 4 => l.run(select),
+            _ => select(),
         };
 
         // Calibration: every node whose parent was on the accepted path was tested.
