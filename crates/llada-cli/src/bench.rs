@@ -256,8 +256,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .weights
             .layers
             .iter()
+            .flatten()
             .flat_map(|l| l.linears())
-            .chain([&model.weights.lm_head])
+            .chain(model.weights.lm_head.as_ref())
         {
             let t = l.dtype();
             if QMatrix::supports(t) && !types.contains(&t) {

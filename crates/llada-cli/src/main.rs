@@ -84,6 +84,14 @@ struct ModelArgs {
     /// Write an operator trace (JSON Lines: op, shape, bytes, lane, start/end ns) to FILE.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Memory budget for weights (bytes, 512M, 2G, or a percentage of the weights, 25%): what
+    /// does not fit is streamed from the model file for every forward pass.
+    #[arg(long, value_name = "BYTES|PCT")]
+    mem_budget: Option<String>,
+    /// EMULATION: cap the read bandwidth of streamed weights at this many GB/s (a phone's
+    /// flash on a faster disk).
+    #[arg(long, value_name = "GB/s")]
+    storage_bw: Option<f64>,
 }
 
 #[derive(Args, Clone)]
@@ -165,10 +173,25 @@ fn parse_quant(s: &Option<String>) -> Result<Option<llada_kernels::GgmlType>> {
 
 fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
     let path = models::resolve(&args.model, quiet)?;
+    if let Some(bw) = args.storage_bw {
+        if !(bw > 0.0 && bw.is_finite()) {
+            bail!("--storage-bw must be a positive number of GB/s");
+        }
+        if args.mem_budget.is_none() {
+            bail!("--storage-bw emulates the storage of streamed weights: it needs --mem-budget");
+        }
+    }
     let opts = LoadOptions {
         quantize: parse_quant(&args.quantize)?,
         no_tokenizer: false,
         dequantize: args.dequantize,
+        mem_budget: args
+            .mem_budget
+            .as_deref()
+            .map(llada_model::store::Budget::parse)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        storage_bw: args.storage_bw.map(|g| g * 1e9),
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let threads = args.threads.unwrap_or_else(|| {

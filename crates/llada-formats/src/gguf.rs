@@ -73,10 +73,46 @@ impl Value {
 }
 
 /// Memory map that owns the file's bytes.
-pub struct MappedFile(memmap2::Mmap);
+pub struct MappedFile(memmap2::Mmap, std::fs::File);
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         &self.0
+    }
+}
+
+impl MappedFile {
+    /// Drop `[offset, offset + len)` from this process's mapping and from the page cache, so
+    /// the next access is a real storage read (streamed weights under a memory budget).
+    pub fn release_range(&self, offset: usize, len: usize) {
+        let page = 4096;
+        let start = offset / page * page;
+        let end = (offset + len).min(self.0.len());
+        if end <= start {
+            return;
+        }
+        // SAFETY: the mapping is read-only and file-backed: after MADV_DONTNEED the pages are
+        // re-read from the file on the next access, so no data is lost and no reference into
+        // the range is invalidated.
+        unsafe {
+            let _ = self.0.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                start,
+                end - start,
+            );
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open descriptor; advisory only.
+            unsafe {
+                libc::posix_fadvise(
+                    self.1.as_raw_fd(),
+                    start as libc::off_t,
+                    (end - start) as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                );
+            }
+        }
     }
 }
 
@@ -86,7 +122,7 @@ pub fn map_file(path: &Path) -> Result<Arc<MappedFile>, FormatError> {
     // SAFETY: the map is read-only; we accept that another process truncating the file while we
     // run is outside our guarantees (as every mmap-based loader does).
     let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(path, e))?;
-    Ok(Arc::new(MappedFile(m)))
+    Ok(Arc::new(MappedFile(m, f)))
 }
 
 /// One tensor's entry in the GGUF header.
@@ -417,6 +453,11 @@ impl GgufFile {
 }
 
 impl TensorSource for GgufFile {
+    fn release(&self, name: &str) {
+        if let Some(v) = TensorSource::get(self, name) {
+            self.map.release_range(v.offset, v.len);
+        }
+    }
     fn get(&self, name: &str) -> Option<TensorView> {
         let t = self.tensors.get(name)?;
         Some(TensorView {

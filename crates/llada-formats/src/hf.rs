@@ -17,6 +17,8 @@ pub struct HfDir {
     pub config: serde_json::Value,
     tensors: BTreeMap<String, TensorView>,
     order: Vec<String>,
+    /// The mapped shard files (for releasing streamed tensors).
+    maps: BTreeMap<PathBuf, Arc<MappedFile>>,
 }
 
 fn dtype_to_ggml(d: safetensors::Dtype) -> Option<GgmlType> {
@@ -74,8 +76,10 @@ impl HfDir {
         };
         let mut tensors = BTreeMap::new();
         let mut order = Vec::new();
+        let mut maps = BTreeMap::new();
         for f in files {
             let map: Arc<MappedFile> = map_file(&f)?;
+            maps.insert(f.clone(), map.clone());
             let buf: &[u8] = (*map).as_ref();
             let st = safetensors::SafeTensors::deserialize(buf)
                 .map_err(|e| FormatError::corrupt(&f, format!("invalid safetensors: {e}")))?;
@@ -112,6 +116,7 @@ impl HfDir {
             config,
             tensors,
             order,
+            maps,
         })
     }
 
@@ -130,5 +135,12 @@ impl TensorSource for HfDir {
     }
     fn path(&self) -> &Path {
         &self.dir
+    }
+    fn release(&self, name: &str) {
+        if let Some(v) = self.tensors.get(name) {
+            if let Some(m) = self.maps.get(&v.file) {
+                m.release_range(v.offset, v.len);
+            }
+        }
     }
 }

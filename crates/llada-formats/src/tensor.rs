@@ -55,6 +55,9 @@ pub trait TensorSource {
     fn names(&self) -> Vec<String>;
     /// Path used in error messages.
     fn path(&self) -> &std::path::Path;
+    /// Drop the tensor's bytes from memory (mapping and page cache) after use; the next read
+    /// comes from storage. A no-op for sources that are not file-backed.
+    fn release(&self, _name: &str) {}
     /// The tensor, or a [`FormatError::MissingTensor`].
     fn require(&self, name: &str) -> Result<TensorView, FormatError> {
         self.get(name).ok_or_else(|| FormatError::MissingTensor {

@@ -10,6 +10,8 @@
 //!
 //! Logits are returned raw, per row; Dream's one-position shift is the decoder's business.
 
+use crate::store::Unit;
+use crate::weights::Layer;
 use crate::{Model, ModelError};
 use llada_kernels::vecops::{axpy, dot};
 use llada_runtime::trace::{OpSpan, Tracer};
@@ -261,165 +263,199 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let group = nh / nkv;
 
-        for (li, layer) in w.layers.iter().enumerate() {
-            let l = li as i32;
-            let h = rmsnorm(&x, &layer.attn_norm, c.rms_eps, &all_rows, l);
-            let mut qkv = layer.qkv.forward(&h, n, l, "attn_qkv")?.into_iter();
-            let (mut q, mut k, mut v) = match (qkv.next(), qkv.next(), qkv.next()) {
-                (Some(q), Some(k), Some(v)) => (q, k, v),
-                _ => {
-                    return Err(ModelError::Other(
-                        "q/k/v projection returned too few outputs".into(),
-                    ))
-                }
-            };
-            for (t, b) in [
-                (&mut q, &layer.bq),
-                (&mut k, &layer.bk),
-                (&mut v, &layer.bv),
-            ] {
-                if let Some(b) = b {
-                    for row in t.chunks_exact_mut(b.len()) {
-                        row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        // Streamed weights (memory budget): a prefetch thread builds the next streamed layer
+        // while this one computes; resident layers are used in place.
+        std::thread::scope(|scope| -> Result<ForwardOutput, ModelError> {
+            let rx = self.store.as_ref().map(|st| (st, st.start(scope, c)));
+            for (li, slot) in w.layers.iter().enumerate() {
+                let staged;
+                let layer: &Layer = match (slot, &rx) {
+                    (Some(l), _) => l,
+                    (None, Some((st, rx))) => match st.next(rx)? {
+                        Unit::Layer(l) => {
+                            staged = l;
+                            &staged
+                        }
+                        Unit::Head(_) => {
+                            return Err(ModelError::Other("weight stream out of order".into()))
+                        }
+                    },
+                    (None, None) => {
+                        return Err(ModelError::Other(format!("layer {li} is not loaded")))
+                    }
+                };
+                let l = li as i32;
+                let h = rmsnorm(&x, &layer.attn_norm, c.rms_eps, &all_rows, l);
+                let mut qkv = layer.qkv.forward(&h, n, l, "attn_qkv")?.into_iter();
+                let (mut q, mut k, mut v) = match (qkv.next(), qkv.next(), qkv.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => {
+                        return Err(ModelError::Other(
+                            "q/k/v projection returned too few outputs".into(),
+                        ))
+                    }
+                };
+                for (t, b) in [
+                    (&mut q, &layer.bq),
+                    (&mut k, &layer.bk),
+                    (&mut v, &layer.bv),
+                ] {
+                    if let Some(b) = b {
+                        for row in t.chunks_exact_mut(b.len()) {
+                            row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                        }
                     }
                 }
-            }
-            {
-                let _s = OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32")
+                {
+                    let _s =
+                        OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32")
+                            .cost(
+                                ((qd + kvd) * n * 4) as u64,
+                                ((qd + kvd) * n * 4) as u64,
+                                ((qd + kvd) * n * 3) as u64,
+                            );
+                    rope(&mut q, nh, hd, &cos, &sin);
+                    rope(&mut k, nkv, hd, &cos, &sin);
+                }
+                let ck = &cache.k(li)[..old_len * kvd];
+                let cv = &cache.v(li)[..old_len * kvd];
+                let mut attn = vec![0f32; n * qd];
+                {
+                    let visible_keys = old_len - excluded.iter().filter(|e| **e).count() + n;
+                    let _s = OpSpan::begin(
+                        "attention",
+                        l,
+                        &[n as u64, visible_keys as u64, nh as u64, hd as u64],
+                        "F32",
+                    )
                     .cost(
-                        ((qd + kvd) * n * 4) as u64,
-                        ((qd + kvd) * n * 4) as u64,
-                        ((qd + kvd) * n * 3) as u64,
+                        (2 * visible_keys * kvd * 4 + n * qd * 4) as u64,
+                        (n * qd * 4) as u64,
+                        (4 * n * visible_keys * qd) as u64,
                     );
-                rope(&mut q, nh, hd, &cos, &sin);
-                rope(&mut k, nkv, hd, &cos, &sin);
-            }
-            let ck = &cache.k(li)[..old_len * kvd];
-            let cv = &cache.v(li)[..old_len * kvd];
-            let mut attn = vec![0f32; n * qd];
-            {
-                let visible_keys = old_len - excluded.iter().filter(|e| **e).count() + n;
-                let _s = OpSpan::begin(
-                    "attention",
-                    l,
-                    &[n as u64, visible_keys as u64, nh as u64, hd as u64],
-                    "F32",
-                )
-                .cost(
-                    (2 * visible_keys * kvd * 4 + n * qd * 4) as u64,
-                    (n * qd * 4) as u64,
-                    (4 * n * visible_keys * qd) as u64,
-                );
-                let mask = req.mask;
-                let positions = req.positions;
-                let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
-                // One task per (row, KV group): the group's query heads share every key/value
-                // row they read (GQA), and the visible-key list is built once.
-                attn.par_chunks_mut(group * hd)
-                    .enumerate()
-                    .for_each(|(idx, out)| {
-                        let (i, g) = (idx / nkv, idx % nkv);
-                        let pi = positions[i];
-                        let mut kv: Vec<(&[f32], &[f32])> = Vec::with_capacity(old_len + n);
-                        for s in 0..old_len {
-                            if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
-                                continue;
+                    let mask = req.mask;
+                    let positions = req.positions;
+                    let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
+                    // One task per (row, KV group): the group's query heads share every key/value
+                    // row they read (GQA), and the visible-key list is built once.
+                    attn.par_chunks_mut(group * hd)
+                        .enumerate()
+                        .for_each(|(idx, out)| {
+                            let (i, g) = (idx / nkv, idx % nkv);
+                            let pi = positions[i];
+                            let mut kv: Vec<(&[f32], &[f32])> = Vec::with_capacity(old_len + n);
+                            for s in 0..old_len {
+                                if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
+                                    continue;
+                                }
+                                let o = s * kvd + g * hd;
+                                kv.push((&ck[o..o + hd], &cv[o..o + hd]));
                             }
-                            let o = s * kvd + g * hd;
-                            kv.push((&ck[o..o + hd], &cv[o..o + hd]));
-                        }
-                        for j in 0..n {
-                            let vis = match mask {
-                                AttnMask::Explicit(m) => m[i * n + j],
-                                _ => mask.by_pos(pi, positions[j]),
-                            };
-                            if vis {
-                                let o = j * kvd + g * hd;
-                                kv.push((&k[o..o + hd], &v[o..o + hd]));
-                            }
-                        }
-                        let mut scores = vec![0f32; kv.len()];
-                        for (hh, out) in out.chunks_exact_mut(hd).enumerate() {
-                            let head = g * group + hh;
-                            let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
-                            let mut mx = f32::NEG_INFINITY;
-                            for (sc, (kr, _)) in scores.iter_mut().zip(&kv) {
-                                *sc = dot(qv, kr) * scale;
-                                mx = mx.max(*sc);
-                            }
-                            let mut sum = 0f32;
-                            for sc in scores.iter_mut() {
-                                *sc = (*sc - mx).exp();
-                                sum += *sc;
-                            }
-                            out.iter_mut().for_each(|o| *o = 0.0);
-                            if sum > 0.0 {
-                                let inv = 1.0 / sum;
-                                for (p, (_, vr)) in scores.iter().zip(&kv) {
-                                    axpy(out, p * inv, vr);
+                            for j in 0..n {
+                                let vis = match mask {
+                                    AttnMask::Explicit(m) => m[i * n + j],
+                                    _ => mask.by_pos(pi, positions[j]),
+                                };
+                                if vis {
+                                    let o = j * kvd + g * hd;
+                                    kv.push((&k[o..o + hd], &v[o..o + hd]));
                                 }
                             }
-                        }
-                    });
-            }
-            // Deferred cache write for this layer (after every row has read the old cache).
-            for (i, s) in slots.iter().enumerate() {
-                if let Some(s) = *s {
-                    cache.write(
-                        li,
-                        s,
-                        req.positions[i],
-                        &k[i * kvd..(i + 1) * kvd],
-                        &v[i * kvd..(i + 1) * kvd],
+                            let mut scores = vec![0f32; kv.len()];
+                            for (hh, out) in out.chunks_exact_mut(hd).enumerate() {
+                                let head = g * group + hh;
+                                let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                                let mut mx = f32::NEG_INFINITY;
+                                for (sc, (kr, _)) in scores.iter_mut().zip(&kv) {
+                                    *sc = dot(qv, kr) * scale;
+                                    mx = mx.max(*sc);
+                                }
+                                let mut sum = 0f32;
+                                for sc in scores.iter_mut() {
+                                    *sc = (*sc - mx).exp();
+                                    sum += *sc;
+                                }
+                                out.iter_mut().for_each(|o| *o = 0.0);
+                                if sum > 0.0 {
+                                    let inv = 1.0 / sum;
+                                    for (p, (_, vr)) in scores.iter().zip(&kv) {
+                                        axpy(out, p * inv, vr);
+                                    }
+                                }
+                            }
+                        });
+                }
+                // Deferred cache write for this layer (after every row has read the old cache).
+                for (i, s) in slots.iter().enumerate() {
+                    if let Some(s) = *s {
+                        cache.write(
+                            li,
+                            s,
+                            req.positions[i],
+                            &k[i * kvd..(i + 1) * kvd],
+                            &v[i * kvd..(i + 1) * kvd],
+                        );
+                    }
+                }
+                let mut aq = None;
+                let o = layer.wo.forward(&attn, &mut aq, n, l, "attn_output")?;
+                x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+                let h = rmsnorm(&x, &layer.ffn_norm, c.rms_eps, &all_rows, l);
+                let mut gu = layer.gate_up.forward(&h, n, l, "ffn_gate_up")?.into_iter();
+                let (mut g, u) = match (gu.next(), gu.next()) {
+                    (Some(g), Some(u)) => (g, u),
+                    _ => {
+                        return Err(ModelError::Other(
+                            "gate/up projection returned too few outputs".into(),
+                        ))
+                    }
+                };
+                {
+                    let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost(
+                        (2 * n * c.ffn * 4) as u64,
+                        (n * c.ffn * 4) as u64,
+                        (5 * n * c.ffn) as u64,
                     );
+                    g.iter_mut()
+                        .zip(&u)
+                        .for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
                 }
+                let mut gq = None;
+                let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
+                x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
             }
-            let mut aq = None;
-            let o = layer.wo.forward(&attn, &mut aq, n, l, "attn_output")?;
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
-            let h = rmsnorm(&x, &layer.ffn_norm, c.rms_eps, &all_rows, l);
-            let mut gu = layer.gate_up.forward(&h, n, l, "ffn_gate_up")?.into_iter();
-            let (mut g, u) = match (gu.next(), gu.next()) {
-                (Some(g), Some(u)) => (g, u),
-                _ => {
-                    return Err(ModelError::Other(
-                        "gate/up projection returned too few outputs".into(),
-                    ))
-                }
+            let vocab = c.vocab;
+            // A streamed head is always received (the prefetch thread must finish its pass).
+            let staged_head = match (&w.lm_head, &rx) {
+                (None, Some((st, rx))) => match st.next(rx)? {
+                    Unit::Head(h) => Some(h),
+                    Unit::Layer(_) => {
+                        return Err(ModelError::Other("weight stream out of order".into()))
+                    }
+                },
+                _ => None,
             };
-            {
-                let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost(
-                    (2 * n * c.ffn * 4) as u64,
-                    (n * c.ffn * 4) as u64,
-                    (5 * n * c.ffn) as u64,
-                );
-                g.iter_mut()
-                    .zip(&u)
-                    .for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
+            if logit_rows.is_empty() {
+                return Ok(ForwardOutput {
+                    logits: vec![],
+                    rows: vec![],
+                    vocab,
+                });
             }
-            let mut gq = None;
-            let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
-            x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
-        }
-
-        let vocab = c.vocab;
-        if logit_rows.is_empty() {
-            return Ok(ForwardOutput {
-                logits: vec![],
-                rows: vec![],
+            let head = match (&w.lm_head, &staged_head) {
+                (Some(h), _) | (None, Some(h)) => h,
+                (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
+            };
+            let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
+            let mut hq = None;
+            let logits = head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
+            Ok(ForwardOutput {
+                logits,
+                rows: logit_rows,
                 vocab,
-            });
-        }
-        let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
-        let mut hq = None;
-        let logits = w
-            .lm_head
-            .forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
-        Ok(ForwardOutput {
-            logits,
-            rows: logit_rows,
-            vocab,
+            })
         })
     }
 

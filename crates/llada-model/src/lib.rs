@@ -8,6 +8,7 @@
 pub mod config;
 pub mod forward;
 pub mod load;
+pub mod store;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

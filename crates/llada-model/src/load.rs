@@ -21,6 +21,12 @@ pub struct LoadOptions {
     /// Dequantize every matrix to f32 at load: reference precision (no 8-bit activation
     /// quantization), at 4–8x the memory and lower speed.
     pub dequantize: bool,
+    /// Memory budget for weights in bytes: what does not fit stays in the file and is streamed
+    /// for every forward pass (see [`crate::store`]). `None`: everything resident.
+    pub mem_budget: Option<crate::store::Budget>,
+    /// Emulated storage read bandwidth (bytes/s) for streamed weights (a phone's flash on a
+    /// machine with a faster disk); labelled as emulation wherever it is reported.
+    pub storage_bw: Option<f64>,
 }
 
 /// Where the model came from.
@@ -39,6 +45,8 @@ pub struct Model {
     pub format: ModelFormat,
     /// (type name, tensor count, bytes) over all stored tensors.
     pub tensor_types: Vec<(String, usize, u64)>,
+    /// Streaming state when a memory budget keeps some weights in the file.
+    pub store: Option<crate::store::WeightStore>,
 }
 
 /// Tensor names of one layer in a given naming scheme.
@@ -53,6 +61,132 @@ struct Names {
     up: String,
     down: String,
     bias: [String; 3],
+}
+
+/// The tensor naming scheme of a source (for rebuilding streamed layers).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scheme {
+    Gguf,
+    Hf(Arch),
+}
+
+impl Scheme {
+    fn names(self, i: usize) -> Names {
+        match self {
+            Scheme::Gguf => gguf_names(i),
+            Scheme::Hf(a) => hf_names(a, i),
+        }
+    }
+    fn globals(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Scheme::Gguf => ("token_embd.weight", "output_norm.weight", "output.weight"),
+            Scheme::Hf(Arch::LLaDA) => (
+                "model.transformer.wte.weight",
+                "model.transformer.ln_f.weight",
+                "model.transformer.ff_out.weight",
+            ),
+            Scheme::Hf(_) => (
+                "model.embed_tokens.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ),
+        }
+    }
+}
+
+/// Everything needed to (re)build a layer from its source: used at load for resident layers
+/// and on the prefetch thread for streamed ones.
+pub(crate) struct Recipe {
+    pub src: Arc<dyn TensorSource + Send + Sync>,
+    pub scheme: Scheme,
+    pub quant: Option<GgmlType>,
+    pub permuted: bool,
+}
+
+impl Recipe {
+    /// Tensor names of layer `i`.
+    pub fn layer_tensors(&self, c: &ModelConfig, i: usize) -> Vec<String> {
+        let n = self.scheme.names(i);
+        let mut v = vec![
+            n.attn_norm,
+            n.q,
+            n.k,
+            n.v,
+            n.o,
+            n.ffn_norm,
+            n.gate,
+            n.up,
+            n.down,
+        ];
+        if c.qkv_bias {
+            v.extend(n.bias);
+        }
+        v
+    }
+    /// Bytes layer `i` occupies in the file.
+    pub fn layer_file_bytes(&self, c: &ModelConfig, i: usize) -> u64 {
+        self.layer_tensors(c, i)
+            .iter()
+            .filter_map(|t| self.src.get(t))
+            .map(|v| v.len as u64)
+            .sum()
+    }
+    /// The LM head's name and file bytes (the embedding when tied).
+    pub fn head(&self, c: &ModelConfig) -> (&'static str, u64) {
+        let (emb, _, head) = self.scheme.globals();
+        let name = if c.tied_embeddings { emb } else { head };
+        (name, self.src.get(name).map_or(0, |v| v.len as u64))
+    }
+    pub fn build_head(&self, c: &ModelConfig) -> Result<Linear, ModelError> {
+        let (name, _) = self.head(c);
+        let v = self.src.require(name)?;
+        v.expect_shape(&[c.vocab, c.d_model])?;
+        Linear::from_view(&v, self.quant)
+    }
+    /// Build layer `i` (reads and repacks its tensors).
+    pub fn build_layer(&self, c: &ModelConfig, i: usize) -> Result<Layer, ModelError> {
+        let src: &dyn TensorSource = &*self.src;
+        let d = c.d_model;
+        let q = self.quant;
+        let n = self.scheme.names(i);
+        let perm_q = self.permuted.then_some(c.n_heads);
+        let perm_k = self.permuted.then_some(c.n_kv_heads);
+        let bias = |name: &str,
+                    len: usize,
+                    heads: Option<usize>|
+         -> Result<Option<Vec<f32>>, ModelError> {
+            if !c.qkv_bias {
+                return Ok(None);
+            }
+            let mut v = src.require(name)?;
+            v.expect_shape(&[len])?;
+            if let Some(h) = heads {
+                // Treat the bias as a [len × 1] matrix for the row permutation.
+                v.shape = vec![len, 1];
+                v = unpermute_rows(&v, h)?;
+                v.shape = vec![len];
+            }
+            Ok(Some(v.to_f32()))
+        };
+        Ok(Layer {
+            attn_norm: vec1(src, &n.attn_norm, d)?,
+            qkv: Projection::new(vec![
+                matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
+                matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
+                matrix(src, &n.v, c.kv_dim(), d, q, None)?,
+            ])?,
+            bq: bias(&n.bias[0], c.q_dim(), perm_q)?,
+            bk: bias(&n.bias[1], c.kv_dim(), perm_k)?,
+            bv: bias(&n.bias[2], c.kv_dim(), None)?,
+            wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
+            ffn_norm: vec1(src, &n.ffn_norm, d)?,
+            gate_up: Projection::new(vec![
+                matrix(src, &n.gate, c.ffn, d, q, None)?,
+                matrix(src, &n.up, c.ffn, d, q, None)?,
+            ])?,
+            w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
+        })
+    }
 }
 
 fn gguf_names(i: usize) -> Names {
@@ -195,61 +329,31 @@ impl Model {
     }
 
     fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let g = GgufFile::open(path)?;
+        let g = Arc::new(GgufFile::open(path)?);
         let config = ModelConfig::from_gguf(&g)?;
         let permuted = matches!(config.arch, Arch::Llama | Arch::LLaDA);
-        let weights = Self::load_weights(
-            &g,
-            &config,
-            opts,
-            gguf_names,
-            "token_embd.weight",
-            "output_norm.weight",
-            "output.weight",
-            permuted,
-        )?;
         let tokenizer = if opts.no_tokenizer {
             None
         } else {
             Some(Tokenizer::from_gguf(&g)?)
         };
+        let tensor_types = Self::type_summary(&*g);
+        let (weights, store) = Self::load_weights(g, &config, opts, Scheme::Gguf, permuted)?;
         Ok(Self {
-            tensor_types: Self::type_summary(&g),
+            tensor_types,
             config,
             weights,
             tokenizer,
             path: path.to_path_buf(),
             format: ModelFormat::Gguf,
+            store,
         })
     }
 
     fn load_hf(dir: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let hf = HfDir::open(dir)?;
+        let hf = Arc::new(HfDir::open(dir)?);
         let config = ModelConfig::from_hf(&hf.config, &hf.config_path())?;
         let arch = config.arch;
-        let (emb, norm, head) = if arch == Arch::LLaDA {
-            (
-                "model.transformer.wte.weight",
-                "model.transformer.ln_f.weight",
-                "model.transformer.ff_out.weight",
-            )
-        } else {
-            (
-                "model.embed_tokens.weight",
-                "model.norm.weight",
-                "lm_head.weight",
-            )
-        };
-        let weights = Self::load_weights(
-            &hf,
-            &config,
-            opts,
-            |i| hf_names(arch, i),
-            emb,
-            norm,
-            head,
-            false,
-        )?;
         let tokenizer = if opts.no_tokenizer || !dir.join("tokenizer.json").exists() {
             None
         } else {
@@ -265,97 +369,100 @@ impl Model {
             };
             Some(Tokenizer::from_hf_dir(dir, &eos, default)?)
         };
+        let tensor_types = Self::type_summary(&*hf);
+        let (weights, store) = Self::load_weights(hf, &config, opts, Scheme::Hf(arch), false)?;
         Ok(Self {
-            tensor_types: Self::type_summary(&hf),
+            tensor_types,
             config,
             weights,
             tokenizer,
             path: dir.to_path_buf(),
             format: ModelFormat::HfDir,
+            store,
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn load_weights(
-        src: &dyn TensorSource,
+        src: Arc<dyn TensorSource + Send + Sync>,
         c: &ModelConfig,
         opts: &LoadOptions,
-        names: impl Fn(usize) -> Names,
-        emb: &str,
-        norm: &str,
-        head: &str,
+        scheme: Scheme,
         permuted: bool,
-    ) -> Result<Weights, ModelError> {
+    ) -> Result<(Weights, Option<crate::store::WeightStore>), ModelError> {
         let d = c.d_model;
-        let q = if opts.dequantize {
+        let quant = if opts.dequantize {
             Some(GgmlType::F32)
         } else {
             opts.quantize
         };
+        let (emb, norm, _) = scheme.globals();
         let embed_view = src.require(emb)?;
         embed_view.expect_shape(&[c.vocab, d])?;
+        let recipe = Recipe {
+            src: src.clone(),
+            scheme,
+            quant,
+            permuted,
+        };
+        // Which layers / head stay resident under the budget.
+        let layer_bytes: Vec<u64> = (0..c.n_layers)
+            .map(|i| recipe.layer_file_bytes(c, i))
+            .collect();
+        let (_, head_bytes) = recipe.head(c);
+        let total = layer_bytes.iter().sum::<u64>() + head_bytes;
+        let plan = match opts.mem_budget {
+            Some(b) => crate::store::plan(&layer_bytes, head_bytes, b.bytes(total)),
+            None => crate::store::Plan::all_resident(&layer_bytes, head_bytes),
+        };
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let n = names(i);
-            let perm_q = permuted.then_some(c.n_heads);
-            let perm_k = permuted.then_some(c.n_kv_heads);
-            let bias = |name: &str,
-                        len: usize,
-                        heads: Option<usize>|
-             -> Result<Option<Vec<f32>>, ModelError> {
-                if !c.qkv_bias {
-                    return Ok(None);
+            layers.push(if plan.resident_layers[i] {
+                Some(recipe.build_layer(c, i)?)
+            } else {
+                // Validate now (a bad tensor must fail at load, not mid-generation), then drop.
+                recipe.build_layer(c, i)?;
+                for t in recipe.layer_tensors(c, i) {
+                    src.release(&t);
                 }
-                let mut v = src.require(name)?;
-                v.expect_shape(&[len])?;
-                if let Some(h) = heads {
-                    // Treat the bias as a [len × 1] matrix for the row permutation.
-                    v.shape = vec![len, 1];
-                    v = unpermute_rows(&v, h)?;
-                    v.shape = vec![len];
-                }
-                Ok(Some(v.to_f32()))
-            };
-            layers.push(Layer {
-                attn_norm: vec1(src, &n.attn_norm, d)?,
-                qkv: Projection::new(vec![
-                    matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
-                    matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
-                    matrix(src, &n.v, c.kv_dim(), d, q, None)?,
-                ])?,
-                bq: bias(&n.bias[0], c.q_dim(), perm_q)?,
-                bk: bias(&n.bias[1], c.kv_dim(), perm_k)?,
-                bv: bias(&n.bias[2], c.kv_dim(), None)?,
-                wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
-                ffn_norm: vec1(src, &n.ffn_norm, d)?,
-                gate_up: Projection::new(vec![
-                    matrix(src, &n.gate, c.ffn, d, q, None)?,
-                    matrix(src, &n.up, c.ffn, d, q, None)?,
-                ])?,
-                w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
+                None
             });
         }
-        let lm_head = if c.tied_embeddings {
-            Linear::from_view(&embed_view, q)?
+        let lm_head = if plan.resident_head {
+            Some(recipe.build_head(c)?)
         } else {
-            matrix(src, head, c.vocab, d, q, None)?
+            recipe.build_head(c)?;
+            src.release(recipe.head(c).0);
+            None
         };
-        Ok(Weights {
+        let weights = Weights {
             embed: Embedding::new(embed_view),
             layers,
-            final_norm: vec1(src, norm, d)?,
+            final_norm: vec1(&*src, norm, d)?,
             lm_head,
-        })
+        };
+        let store = (!plan.streams_nothing())
+            .then(|| crate::store::WeightStore::new(recipe, plan, opts.storage_bw));
+        Ok((weights, store))
     }
 
-    /// Bytes of weights one decoding step reads (all layers + LM head).
+    /// Bytes of weights one decoding step reads (all layers + LM head), resident or streamed.
     pub fn bytes_per_token(&self) -> u64 {
-        self.weights
-            .layers
-            .iter()
-            .map(|l| l.weight_bytes() as u64)
-            .sum::<u64>()
-            + self.weights.lm_head.weight_bytes() as u64
-            + (self.weights.final_norm.len() * 4) as u64
+        match &self.store {
+            Some(st) => st.plan.total_bytes() + (self.weights.final_norm.len() * 4) as u64,
+            None => {
+                self.weights
+                    .layers
+                    .iter()
+                    .flatten()
+                    .map(|l| l.weight_bytes() as u64)
+                    .sum::<u64>()
+                    + self
+                        .weights
+                        .lm_head
+                        .as_ref()
+                        .map_or(0, |h| h.weight_bytes() as u64)
+                    + (self.weights.final_norm.len() * 4) as u64
+            }
+        }
     }
 }

@@ -300,7 +300,9 @@ impl Layer {
 /// All weights of a model.
 pub struct Weights {
     pub embed: Embedding,
-    pub layers: Vec<Layer>,
+    /// `None`: streamed from the file for every pass (memory budget; see `store`).
+    pub layers: Vec<Option<Layer>>,
     pub final_norm: Vec<f32>,
-    pub lm_head: Linear,
+    /// `None`: streamed.
+    pub lm_head: Option<Linear>,
 }
