@@ -163,6 +163,12 @@ pub struct SpecBenchArgs {
     /// Tokens generated per prompt.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Weight memory budgets to run under (`unlimited`, bytes, or percentages).
+    #[arg(long, value_delimiter = ',', default_value = "unlimited,50%,25%")]
+    budgets: Vec<String>,
+    /// EMULATION: storage read bandwidth (GB/s) for streamed weights.
+    #[arg(long)]
+    storage_bw: Option<f64>,
     #[arg(long)]
     threads: Option<usize>,
     /// Directory for report.md, runs.csv and report.json.
@@ -178,6 +184,9 @@ struct SpecRun {
     draft: String,
     budget: String,
     tokens_per_s: f64,
+    /// Weight bytes read from storage per generated token.
+    bytes_per_token: f64,
+    peak_rss_bytes: Option<u64>,
     accepted_len: f64,
     tree_nodes_per_pass: f64,
     verify_passes: usize,
@@ -196,154 +205,202 @@ const PROMPTS: [&str; 8] = [
     "Summarise the rules of chess in five sentences.",
 ];
 
+/// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs), so each configuration's
+/// peak is its own.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 pub fn bench(a: SpecBenchArgs) -> Result<()> {
     let path = crate::models::resolve(&a.target, a.json)?;
-    let target = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
-    let tok = target
-        .tokenizer
-        .as_ref()
-        .context("the target has no tokenizer")?;
     let threads = a.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     });
     let lane = Lane::new("dense", threads)?;
-    let prompts: Vec<Vec<u32>> = PROMPTS
-        .iter()
-        .take(a.prompts.clamp(1, PROMPTS.len()))
-        .map(|p| {
-            let text = tok
-                .template
-                .render(&[llada_formats::tokenizer::Message::new("user", p)], true);
-            tok.encode(&text).map_err(anyhow::Error::msg)
-        })
-        .collect::<Result<_>>()?;
-    let gcfg = GenerateConfig {
-        max_tokens: a.max_tokens,
-        sampling: SamplingParams::default(),
-        stop_at_eos: false,
-        ..Default::default()
-    };
-    // The AR baseline, and its tokens (the lossless reference).
-    let mut reference = vec![];
-    let mut ar_s = 0.0;
-    let mut ar_tokens = 0;
+    let mut runs: Vec<SpecRun> = vec![];
+    let mut reference: Vec<Vec<u32>> = vec![];
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new((prompts.len() * (1 + 3 * a.drafts.len())) as u64)
+        indicatif::ProgressBar::new((a.budgets.len() * (1 + 3 * a.drafts.len())) as u64)
     };
-    for p in &prompts {
-        let o = generate(&target, &lane, p, &gcfg, |_| true)?;
-        ar_s += o.decode_s + o.prefill_s;
-        ar_tokens += o.tokens.len();
-        reference.push(o.tokens);
-        pb.inc(1);
-    }
-    let mut runs = vec![SpecRun {
-        config: "ar".into(),
-        draft: "-".into(),
-        budget: "unlimited".into(),
-        tokens_per_s: ar_tokens as f64 / ar_s,
-        accepted_len: 0.0,
-        tree_nodes_per_pass: 0.0,
-        verify_passes: ar_tokens,
-        identical: prompts.len(),
-        prompts: prompts.len(),
-    }];
-    for draft in &a.drafts {
-        let src = DraftSource::load(draft, &target)?;
-        let dlane = Lane::new("draft", 1)?;
-        let sparse = Lane::new("sparse", 1)?;
-        for (name, shape) in [
-            ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }),
-            (
-                "topk-tree",
-                TreeShape::TopK {
-                    widths: vec![3, 2, 2, 1],
-                },
-            ),
-            (
-                "lever-tree",
-                TreeShape::CostAware {
-                    max_nodes: 24,
-                    max_depth: 8,
-                    top_k: 3,
-                },
-            ),
-        ] {
-            let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) = (0.0, 0, 0, 0, 0, 0);
-            for (p, want) in prompts.iter().zip(&reference) {
-                let mut d = src.drafter(&dlane, 0.0);
-                let o = spec_generate(
-                    &target,
-                    &lane,
-                    Some(&sparse),
-                    d.as_mut(),
-                    p,
-                    &SpecConfig {
-                        max_tokens: a.max_tokens,
-                        sampling: SamplingParams::default(),
-                        shape: shape.clone(),
-                        stop_ids: vec![],
-                    },
-                )?;
-                s += o.total_s;
-                toks += o.tokens.len();
-                acc += o.accepted;
-                passes += o.verify_passes;
-                nodes += o.tree_nodes;
-                same += usize::from(&o.tokens == want);
-                pb.inc(1);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for budget in &a.budgets {
+        let mem_budget = if budget == "unlimited" {
+            None
+        } else {
+            Some(llada_model::store::Budget::parse(budget).map_err(anyhow::Error::msg)?)
+        };
+        reset_peak_rss();
+        let target = Model::load(
+            &path,
+            &LoadOptions {
+                mem_budget,
+                storage_bw: a.storage_bw.map(|g| g * 1e9),
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("loading {}", path.display()))?;
+        let tok = target
+            .tokenizer
+            .as_ref()
+            .context("the target has no tokenizer")?;
+        let prompts: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .take(a.prompts.clamp(1, PROMPTS.len()))
+            .map(|p| {
+                let text = tok
+                    .template
+                    .render(&[llada_formats::tokenizer::Message::new("user", p)], true);
+                tok.encode(&text).map_err(anyhow::Error::msg)
+            })
+            .collect::<Result<_>>()?;
+        let streamed = |m: &Model| {
+            m.store.as_ref().map_or(0, |s| {
+                s.stats
+                    .bytes_read
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+        };
+        let gcfg = GenerateConfig {
+            max_tokens: a.max_tokens,
+            sampling: SamplingParams::default(),
+            stop_at_eos: false,
+            ..Default::default()
+        };
+        // The AR baseline; its tokens are the lossless reference.
+        pb.set_message(format!("{budget}: ar"));
+        let (mut ar_s, mut ar_tokens, mut same) = (0.0, 0, 0);
+        let b0 = streamed(&target);
+        for (i, p) in prompts.iter().enumerate() {
+            let o = generate(&target, &lane, p, &gcfg, |_| true)?;
+            ar_s += o.decode_s;
+            ar_tokens += o.tokens.len();
+            if reference.len() <= i {
+                reference.push(o.tokens.clone());
             }
-            runs.push(SpecRun {
-                config: name.into(),
-                draft: draft.clone(),
-                budget: "unlimited".into(),
-                tokens_per_s: toks as f64 / s,
-                accepted_len: acc as f64 / passes.max(1) as f64,
-                tree_nodes_per_pass: nodes as f64 / passes.max(1) as f64,
-                verify_passes: passes,
-                identical: same,
-                prompts: prompts.len(),
-            });
+            same += usize::from(o.tokens == reference[i]);
+        }
+        pb.inc(1);
+        runs.push(SpecRun {
+            config: "ar".into(),
+            draft: "-".into(),
+            budget: budget.clone(),
+            tokens_per_s: ar_tokens as f64 / ar_s,
+            bytes_per_token: (streamed(&target) - b0) as f64 / ar_tokens.max(1) as f64,
+            peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+            accepted_len: 0.0,
+            tree_nodes_per_pass: 0.0,
+            verify_passes: ar_tokens,
+            identical: same,
+            prompts: prompts.len(),
+        });
+        for draft in &a.drafts {
+            let src = DraftSource::load(draft, &target)?;
+            let dlane = Lane::new("draft", 1)?;
+            let sparse = Lane::new("sparse", 1)?;
+            for (name, shape) in [
+                ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }),
+                (
+                    "topk-tree",
+                    TreeShape::TopK {
+                        widths: vec![3, 2, 2, 1],
+                    },
+                ),
+                (
+                    "lever-tree",
+                    TreeShape::CostAware {
+                        max_nodes: 24,
+                        max_depth: 8,
+                        top_k: 3,
+                    },
+                ),
+            ] {
+                pb.set_message(format!("{budget}: {name} ({draft})"));
+                let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) =
+                    (0.0, 0, 0, 0, 0, 0);
+                let b0 = streamed(&target);
+                for (p, want) in prompts.iter().zip(&reference) {
+                    let mut d = src.drafter(&dlane, 0.0);
+                    let o = spec_generate(
+                        &target,
+                        &lane,
+                        Some(&sparse),
+                        d.as_mut(),
+                        p,
+                        &SpecConfig {
+                            max_tokens: a.max_tokens,
+                            sampling: SamplingParams::default(),
+                            shape: shape.clone(),
+                            stop_ids: vec![],
+                        },
+                    )?;
+                    s += o.total_s - o.prefill_s;
+                    toks += o.tokens.len();
+                    acc += o.accepted;
+                    passes += o.verify_passes;
+                    nodes += o.tree_nodes;
+                    same += usize::from(&o.tokens == want);
+                }
+                pb.inc(1);
+                runs.push(SpecRun {
+                    config: name.into(),
+                    draft: draft.clone(),
+                    budget: budget.clone(),
+                    tokens_per_s: toks as f64 / s,
+                    bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
+                    peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+                    accepted_len: acc as f64 / passes.max(1) as f64,
+                    tree_nodes_per_pass: nodes as f64 / passes.max(1) as f64,
+                    verify_passes: passes,
+                    identical: same,
+                    prompts: prompts.len(),
+                });
+            }
         }
     }
     pb.finish_and_clear();
-    let ar = runs[0].tokens_per_s;
-    let chain = runs
-        .iter()
-        .find(|r| r.config == "chain")
-        .map(|r| r.tokens_per_s);
-    let lever = runs
-        .iter()
-        .find(|r| r.config == "lever-tree")
-        .map(|r| r.tokens_per_s);
-    let total: usize = runs.iter().skip(1).map(|r| r.prompts).sum();
-    let same: usize = runs.iter().skip(1).map(|r| r.identical).sum();
+    let find = |config: &str, budget: &str| {
+        runs.iter()
+            .find(|r| r.config == config && r.budget == budget)
+            .map(|r| r.tokens_per_s)
+    };
+    let low = a.budgets.last().cloned().unwrap_or_default();
+    let lever = find("lever-tree", &low);
+    let total: usize = runs.iter().map(|r| r.prompts).sum();
+    let same: usize = runs.iter().map(|r| r.identical).sum();
     let report = serde_json::json!({
         "runs": runs,
-        "speedup_vs_ar": lever.map(|l| l / ar),
-        "speedup_vs_chain": lever.zip(chain).map(|(l, c)| l / c),
+        "summary_budget": low,
+        "speedup_vs_ar_25pct": lever.zip(find("ar", &low)).map(|(l, b)| l / b),
+        "speedup_vs_chain_25pct": lever.zip(find("chain", &low)).map(|(l, c)| l / c),
+        "async_speedup": null,
         "lossless_identical": same,
         "lossless_total": total,
+        "storage_bw_emulated_gbps": a.storage_bw,
         "target": path.display().to_string(),
         "threads": threads,
     });
     std::fs::create_dir_all(&a.out_dir)?;
-    let mut md = String::from("| config | draft | budget | tok/s | accepted / pass | tree nodes / pass | verify passes | identical to AR |\n|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from(
-        "config,draft,budget,tokens_per_s,accepted_len,tree_nodes_per_pass,verify_passes,identical,prompts\n",
+        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,identical,prompts\n",
     );
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {}/{} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {}/{} |\n",
             r.config,
             r.draft,
             r.budget,
             r.tokens_per_s,
+            r.bytes_per_token / 1e6,
+            r.peak_rss_bytes
+                .map_or("–".into(), |b| format!("{:.0}", b as f64 / 1e6)),
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
@@ -351,11 +408,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.prompts
         ));
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
             r.config,
             r.draft,
             r.budget,
             r.tokens_per_s,
+            r.bytes_per_token,
+            r.peak_rss_bytes.map(|b| b.to_string()).unwrap_or_default(),
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
@@ -373,12 +432,15 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         println!("{report}");
     } else {
         println!("{md}");
+        if let Some(bw) = a.storage_bw {
+            println!("storage bandwidth EMULATED at {bw} GB/s for streamed weights");
+        }
         println!(
-            "lever tree vs AR: {}, vs chain: {}; greedy output identical to AR in {same}/{total} runs",
-            report["speedup_vs_ar"]
+            "lever tree at budget {low}: {} vs AR, {} vs chain; greedy output identical to AR in {same}/{total} runs",
+            report["speedup_vs_ar_25pct"]
                 .as_f64()
                 .map_or("–".into(), |v| format!("{v:.2}x")),
-            report["speedup_vs_chain"]
+            report["speedup_vs_chain_25pct"]
                 .as_f64()
                 .map_or("–".into(), |v| format!("{v:.2}x"))
         );

@@ -45,6 +45,9 @@ pub struct TrainArgs {
     /// Scale task lengths down (0 < s ≤ 1), e.g. for quick experiments.
     #[arg(long, default_value_t = 1.0)]
     max_scale: f64,
+    /// Override the preset's RoPE base (task presets).
+    #[arg(long)]
+    rope_theta: Option<f64>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
     /// checkpoint; `--resume` continues.
     #[arg(long)]
@@ -200,7 +203,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
             .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
         return train_prose(&a, &out);
     }
-    let (spec, steps) = task_preset(&a.preset)?;
+    let (mut spec, steps) = task_preset(&a.preset)?;
+    if let Some(t) = a.rope_theta {
+        if !(t > 1.0 && t.is_finite()) {
+            bail!("--rope-theta must be > 1");
+        }
+        spec.rope_theta = t;
+    }
     let out = a
         .out
         .clone()
