@@ -188,3 +188,62 @@ fn sampling_follows_the_target_distribution() {
         );
     }
 }
+
+/// The asynchronous pipeline (with and without EDC / TVC, and its synchronous twin) gives the
+/// target's greedy output.
+#[test]
+fn async_pipeline_is_lossless() {
+    use llada_decode::speculative::ahasd::{generate as ahasd_generate, AsyncConfig};
+    let target = load("hf-llama");
+    let other = load("hf-qwen2");
+    let verify = Lane::new("verify", 1).unwrap();
+    let draft = Lane::new("draft", 1).unwrap();
+    for seed in 0..4u32 {
+        let prompt: Vec<u32> = (0..4 + seed)
+            .map(|i| 3 + (i * 11 + seed * 5) % 90)
+            .collect();
+        let reference = generate(
+            &target,
+            &verify,
+            &prompt,
+            &GenerateConfig {
+                max_tokens: 24,
+                stop_at_eos: false,
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap();
+        for (edc, tvc, synchronous) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, true, true),
+        ] {
+            for m in [&target, &other] {
+                let mut d = ModelDrafter::new(m, &draft, 0.0);
+                let out = ahasd_generate(
+                    &target,
+                    &verify,
+                    &draft,
+                    &mut d,
+                    &prompt,
+                    &AsyncConfig {
+                        max_tokens: 24,
+                        batch: 3,
+                        max_verify: 8,
+                        edc,
+                        tvc,
+                        synchronous,
+                        stop_ids: vec![],
+                    },
+                )
+                .unwrap();
+                assert_eq!(
+                    out.tokens, reference.tokens,
+                    "edc {edc} tvc {tvc} sync {synchronous}"
+                );
+            }
+        }
+    }
+}

@@ -5,9 +5,11 @@
 //! * [`tree`]: trees, their masks, calibration and Lever's cost model;
 //! * [`drafter`]: the `Drafter` trait (draft model, n-gram) and tree growth (chain, top-k,
 //!   cost-aware);
-//! * [`accept`]: the acceptance rules.
+//! * [`accept`]: the acceptance rules;
+//! * [`ahasd`]: asynchronous draft/verify lanes with the EDC and TVC gates.
 
 pub mod accept;
+pub mod ahasd;
 pub mod drafter;
 pub mod tree;
 

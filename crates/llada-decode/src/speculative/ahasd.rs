@@ -1,0 +1,583 @@
+//! AHASD: asynchronous drafting. The draft lane keeps drafting ahead of the verifier on the
+//! optimistic assumption that its pending drafts will be accepted; the verify lane verifies
+//! whatever is pending; on a rejection everything drafted past it is discarded (an epoch
+//! counter cancels in-flight work). Two gates, each switchable:
+//!
+//! * **EDC** (entropy-history drafting control): after each draft batch the mean softmax
+//!   entropy is bucketed into 8 levels, `floor(min(H, 10) / 10 · 7.99)`; an 8-entry history
+//!   ring and a 3-bit count of unverified batches index a table of 512 two-bit saturating
+//!   counters (initialised weakly taken, 2) by {mean level of the ring's upper half, of its
+//!   lower half, unverified count}; drafting continues iff the counter is ≥ 2. On verification
+//!   a fully accepted batch increments its counter and commits the history; otherwise the
+//!   counter is decremented and the history rolled back to the committed one.
+//! * **TVC** (time-aware pre-verification): the verifier's remaining time is predicted from its
+//!   last few (time per token, KV length) records; when the drafter would otherwise idle it
+//!   pre-verifies the earliest pending drafts with the target on its own lane, as many as the
+//!   time left allows at the measured per-token cost, clamped to `[1, min(8, pending)]`. A
+//!   mismatch found there cancels the drafts after it and queues the target's token instead.
+//!
+//! Output is identical to target-only greedy decoding: the verify lane accepts only what the
+//! target itself predicts (`greedy` rule).
+
+use super::drafter::Drafter;
+use super::tree::DraftTree;
+use crate::sampling::argmax;
+use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
+use llada_runtime::{KvCache, Lane};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Queue bounds (the paper's sizes).
+pub const MAX_UNVERIFIED: usize = 64;
+pub const MAX_FEEDBACK: usize = 32;
+pub const MAX_PREVERIFY: usize = 16;
+
+/// Entropy level of a batch: `floor(min(H, 10) / 10 · 7.99)`.
+pub fn entropy_level(h: f32) -> u8 {
+    (h.clamp(0.0, 10.0) / 10.0 * 7.99).floor() as u8
+}
+
+/// The EDC predictor.
+#[derive(Debug, Clone)]
+pub struct Edc {
+    table: [u8; 512],
+    ring: [u8; 8],
+    committed: [u8; 8],
+    head: usize,
+    committed_head: usize,
+    unverified: u8,
+}
+
+impl Default for Edc {
+    fn default() -> Self {
+        Self {
+            table: [2; 512],
+            ring: [0; 8],
+            committed: [0; 8],
+            head: 0,
+            committed_head: 0,
+            unverified: 0,
+        }
+    }
+}
+
+impl Edc {
+    fn index(&self) -> usize {
+        // Ring entries in age order: newest first.
+        let age = |k: usize| self.ring[(self.head + 8 - 1 - k) % 8] as usize;
+        let upper = (0..4).map(age).sum::<usize>() / 4;
+        let lower = (4..8).map(age).sum::<usize>() / 4;
+        (upper << 6) | (lower << 3) | self.unverified.min(7) as usize
+    }
+    /// Keep drafting?
+    pub fn should_draft(&self) -> bool {
+        self.table[self.index()] >= 2
+    }
+    /// A batch was drafted with mean entropy `h`; returns the table index to credit later.
+    pub fn on_draft(&mut self, h: f32) -> usize {
+        let idx = self.index();
+        self.ring[self.head] = entropy_level(h);
+        self.head = (self.head + 1) % 8;
+        self.unverified = (self.unverified + 1).min(7);
+        idx
+    }
+    /// A batch drafted at table index `idx` was verified.
+    pub fn on_verify(&mut self, idx: usize, fully_accepted: bool) {
+        self.unverified = self.unverified.saturating_sub(1);
+        if fully_accepted {
+            self.table[idx] = (self.table[idx] + 1).min(3);
+            self.committed = self.ring;
+            self.committed_head = self.head;
+        } else {
+            self.table[idx] = self.table[idx].saturating_sub(1);
+            self.ring = self.committed;
+            self.head = self.committed_head;
+            self.unverified = 0;
+        }
+    }
+    pub fn counter(&self, idx: usize) -> u8 {
+        self.table[idx]
+    }
+}
+
+/// TVC's model of the verifier: recent (seconds per token, KV length) records.
+#[derive(Debug, Clone, Default)]
+pub struct Tvc {
+    records: VecDeque<(f64, usize)>,
+}
+
+impl Tvc {
+    pub fn record(&mut self, secs: f64, tokens: usize, kv_len: usize) {
+        self.records
+            .push_back((secs / tokens.max(1) as f64, kv_len));
+        while self.records.len() > 8 {
+            self.records.pop_front();
+        }
+    }
+    /// Predicted seconds per verified token at `kv_len` (linear in KV length through the
+    /// records' mean; `None` before any record).
+    pub fn per_token(&self, kv_len: usize) -> Option<f64> {
+        if self.records.is_empty() {
+            return None;
+        }
+        let n = self.records.len() as f64;
+        let (t, k) = self
+            .records
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (t, k)| (a + t, b + *k as f64));
+        let (t, k) = (t / n, k / n);
+        Some(t * (kv_len as f64 / k.max(1.0)).max(0.5))
+    }
+    /// Pre-verification length: time left over per-token cost, clamped to [1, min(8, pending)].
+    pub fn preverify_len(time_left: f64, per_token: f64, pending: usize) -> usize {
+        let hi = pending.min(8);
+        if hi == 0 {
+            return 0;
+        }
+        ((time_left / per_token.max(1e-9)) as usize).clamp(1, hi)
+    }
+}
+
+/// Options of the asynchronous pipeline.
+#[derive(Debug, Clone)]
+pub struct AsyncConfig {
+    pub max_tokens: usize,
+    /// Tokens per draft batch.
+    pub batch: usize,
+    /// Most pending tokens one verification takes.
+    pub max_verify: usize,
+    pub edc: bool,
+    pub tvc: bool,
+    /// Run the drafter in lock-step with the verifier instead (the synchronous baseline of the
+    /// same configuration).
+    pub synchronous: bool,
+    pub stop_ids: Vec<u32>,
+}
+
+/// Result and lane statistics.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AsyncOutput {
+    pub tokens: Vec<u32>,
+    pub verify_passes: usize,
+    pub accepted: usize,
+    pub drafted: usize,
+    pub discarded: usize,
+    pub preverified: usize,
+    pub edc_stops: usize,
+    pub draft_busy_s: f64,
+    pub verify_busy_s: f64,
+    pub total_s: f64,
+}
+
+struct Pending {
+    token: u32,
+    /// EDC table index of the batch it came from (and whether it is the batch's last token).
+    edc_idx: usize,
+    batch_end: bool,
+}
+
+struct Shared {
+    committed: Vec<u32>,
+    pending: VecDeque<Pending>,
+    epoch: u64,
+    done: bool,
+    edc: Edc,
+    tvc: Tvc,
+    verify_started: Option<Instant>,
+    verify_expected: f64,
+    out: AsyncOutput,
+}
+
+/// Greedy target verification of `chain` after `ctx` (cache holds ctx[..len−1]); returns the
+/// number of chain tokens accepted and the target's next token.
+fn verify_chain(
+    target: &Model,
+    lane: &Lane,
+    cache: &mut KvCache,
+    ctx: &[u32],
+    chain: &[u32],
+) -> Result<(usize, u32), ModelError> {
+    let base = ctx.len() - 1;
+    let mut toks = vec![ctx[base]];
+    toks.extend(chain);
+    let pos: Vec<u32> = (base as u32..(base + toks.len()) as u32).collect();
+    let out = lane.run(|| {
+        target.forward(
+            &ForwardRequest {
+                tokens: &toks,
+                positions: &pos,
+                mask: AttnMask::Causal,
+                kv_write: KvWrite::Append,
+                logits: LogitRows::All,
+            },
+            cache,
+        )
+    })?;
+    let mut k = 0;
+    loop {
+        let y = argmax(out.row(k));
+        if k < chain.len() && chain[k] == y {
+            k += 1;
+        } else {
+            // Keep the root and the accepted tokens' KV.
+            cache.truncate(base + 1 + k);
+            return Ok((k, y));
+        }
+    }
+}
+
+/// Draft `n` tokens greedily after `ctx`; returns tokens and the mean entropy.
+fn draft_batch(
+    drafter: &mut dyn Drafter,
+    ctx: &[u32],
+    n: usize,
+) -> Result<(Vec<u32>, f32), ModelError> {
+    let mut t = DraftTree::default();
+    let mut node = None;
+    let mut h = 0f32;
+    for _ in 0..n {
+        let p = drafter.propose(ctx, &t, node, 4)?;
+        let Some(&(tok, q)) = p.top.first() else {
+            break;
+        };
+        h += match &p.full {
+            Some(full) => full
+                .iter()
+                .filter(|v| **v > 0.0)
+                .map(|v| -v * v.ln())
+                .sum::<f32>(),
+            // n-gram: entropy of the proposal counts, plus the untrusted mass.
+            None => {
+                let rest = (1.0 - p.top.iter().map(|c| c.1).sum::<f32>()).max(1e-6);
+                p.top.iter().map(|c| -c.1 * c.1.max(1e-6).ln()).sum::<f32>() - rest * rest.ln()
+                    + rest * 8.0
+            }
+        };
+        node = Some(t.push(node, tok, q, q));
+    }
+    let n = t.len().max(1) as f32;
+    Ok((t.tokens, h / n))
+}
+
+/// Asynchronous (or, with `synchronous`, lock-step) draft/verify generation, greedy.
+pub fn generate(
+    target: &Model,
+    verify_lane: &Lane,
+    draft_lane: &Lane,
+    drafter: &mut (dyn Drafter + Send),
+    prompt: &[u32],
+    cfg: &AsyncConfig,
+) -> Result<AsyncOutput, ModelError> {
+    if prompt.is_empty() || cfg.batch == 0 || cfg.max_verify == 0 {
+        return Err(ModelError::BadRequest(
+            "empty prompt, or zero batch / verify length".into(),
+        ));
+    }
+    let t0 = Instant::now();
+    let mut cache = target.new_cache();
+    if prompt.len() > 1 {
+        let pos: Vec<u32> = (0..prompt.len() as u32 - 1).collect();
+        verify_lane.run(|| {
+            target.forward(
+                &ForwardRequest {
+                    tokens: &prompt[..prompt.len() - 1],
+                    positions: &pos,
+                    mask: AttnMask::Causal,
+                    kv_write: KvWrite::Append,
+                    logits: LogitRows::None,
+                },
+                &mut cache,
+            )
+        })?;
+    }
+    let shared = Mutex::new(Shared {
+        committed: prompt.to_vec(),
+        pending: VecDeque::new(),
+        epoch: 0,
+        done: false,
+        edc: Edc::default(),
+        tvc: Tvc::default(),
+        verify_started: None,
+        verify_expected: 0.0,
+        out: AsyncOutput::default(),
+    });
+    let cv = Condvar::new();
+    let lock = || {
+        shared
+            .lock()
+            .map_err(|_| ModelError::Other("pipeline poisoned".into()))
+    };
+
+    // The drafter's step: draft one batch (or pre-verify, or report idle).
+    let draft_step = |drafter: &mut (dyn Drafter + Send),
+                      target_snapshot: Option<&KvCache>|
+     -> Result<bool, ModelError> {
+        let (ctx, epoch, gate_ok, full) = {
+            let s = lock()?;
+            if s.done {
+                return Ok(false);
+            }
+            let mut ctx = s.committed.clone();
+            ctx.extend(s.pending.iter().map(|p| p.token));
+            let gate_ok = !cfg.edc || s.edc.should_draft();
+            (ctx, s.epoch, gate_ok, s.pending.len() >= MAX_UNVERIFIED)
+        };
+        if gate_ok && !full {
+            let t = Instant::now();
+            let (toks, h) = draft_batch(drafter, &ctx, cfg.batch)?;
+            let mut s = lock()?;
+            s.out.draft_busy_s += t.elapsed().as_secs_f64();
+            if s.epoch != epoch || toks.is_empty() {
+                s.out.discarded += toks.len();
+                return Ok(true);
+            }
+            let idx = s.edc.on_draft(h);
+            s.out.drafted += toks.len();
+            let n = toks.len();
+            for (i, tok) in toks.into_iter().enumerate() {
+                s.pending.push_back(Pending {
+                    token: tok,
+                    edc_idx: idx,
+                    batch_end: i + 1 == n,
+                });
+            }
+            cv.notify_all();
+            return Ok(true);
+        }
+        // Would idle: time-aware pre-verification of the earliest pending drafts.
+        if cfg.tvc {
+            if let Some(snap) = target_snapshot {
+                let (plan, committed, epoch) = {
+                    let mut s = lock()?;
+                    if !cfg.edc || s.edc.should_draft() {
+                        // (queue full) fall through to the pre-verification below
+                    } else {
+                        s.out.edc_stops += 1;
+                    }
+                    let left = match s.verify_started {
+                        Some(st) => s.verify_expected - st.elapsed().as_secs_f64(),
+                        None => 0.0,
+                    };
+                    let per = s.tvc.per_token(s.committed.len());
+                    let n = match per {
+                        Some(p) if left > 0.0 => Tvc::preverify_len(left, p, s.pending.len()),
+                        _ => 0,
+                    }
+                    .min(MAX_PREVERIFY);
+                    let chain: Vec<u32> = s.pending.iter().take(n).map(|p| p.token).collect();
+                    (chain, s.committed.clone(), s.epoch)
+                };
+                if !plan.is_empty() && snap.len() + 1 == committed.len() {
+                    let t = Instant::now();
+                    let mut c2 = snap.clone();
+                    let (k, y) = verify_chain(target, draft_lane, &mut c2, &committed, &plan)?;
+                    let mut s = lock()?;
+                    s.out.draft_busy_s += t.elapsed().as_secs_f64();
+                    s.out.preverified += plan.len();
+                    if s.epoch == epoch && k < plan.len() {
+                        // Cancel drafts past the mismatch; queue the target's own token.
+                        let dropped = s.pending.len() - k;
+                        s.pending.truncate(k);
+                        s.out.discarded += dropped;
+                        let idx = s.edc.on_draft(0.0);
+                        s.pending.push_back(Pending {
+                            token: y,
+                            edc_idx: idx,
+                            batch_end: true,
+                        });
+                        s.epoch += 1;
+                        cv.notify_all();
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        let s = lock()?;
+        if !s.done {
+            let _ = cv.wait_timeout(s, Duration::from_millis(2));
+        }
+        Ok(true)
+    };
+
+    // The verifier's step: verify what is pending (at least one target token per pass).
+    let snapshot: Mutex<Option<KvCache>> = Mutex::new(None);
+    let verify_step = |cache: &mut KvCache| -> Result<bool, ModelError> {
+        let (ctx, chain, epoch0) = {
+            let mut s = lock()?;
+            if s.out.tokens.len() >= cfg.max_tokens {
+                s.done = true;
+                cv.notify_all();
+                return Ok(false);
+            }
+            let room = cfg.max_tokens - s.out.tokens.len();
+            let chain: Vec<u32> = s
+                .pending
+                .iter()
+                .take(cfg.max_verify.min(room.saturating_sub(1)))
+                .map(|p| p.token)
+                .collect();
+            s.verify_started = Some(Instant::now());
+            s.verify_expected = s
+                .tvc
+                .per_token(s.committed.len())
+                .map_or(0.0, |p| p * (chain.len() + 1) as f64);
+            (s.committed.clone(), chain, s.epoch)
+        };
+        let t = Instant::now();
+        let (k, y) = verify_chain(target, verify_lane, cache, &ctx, &chain)?;
+        let secs = t.elapsed().as_secs_f64();
+        let mut s = lock()?;
+        s.tvc.record(secs, chain.len() + 1, ctx.len());
+        s.out.verify_busy_s += secs;
+        s.out.verify_passes += 1;
+        s.out.accepted += k;
+        // EDC feedback: a batch whose last token was accepted succeeded; the batch holding the
+        // first rejected token failed (and everything after it is discarded).
+        if s.epoch != epoch0 {
+            // The drafter's pre-verification rewrote the queue meanwhile: start it afresh from
+            // what the verifier committed (the verifier is authoritative).
+            let dropped = s.pending.len();
+            s.out.discarded += dropped;
+            s.pending.clear();
+            s.epoch += 1;
+        }
+        let nv = chain.len().min(s.pending.len());
+        let verified: Vec<Pending> = s.pending.drain(..nv).collect();
+        for (i, p) in verified.iter().enumerate() {
+            if i >= k {
+                s.edc.on_verify(p.edc_idx, false);
+                break;
+            }
+            if p.batch_end {
+                s.edc.on_verify(p.edc_idx, true);
+            }
+        }
+        if k < chain.len() {
+            let dropped = s.pending.len() + (chain.len() - k);
+            s.out.discarded += dropped;
+            s.pending.clear();
+            s.epoch += 1;
+        }
+        let mut stop = false;
+        for tok in chain[..k].iter().copied().chain([y]) {
+            if s.out.tokens.len() >= cfg.max_tokens {
+                stop = true;
+                break;
+            }
+            s.out.tokens.push(tok);
+            s.committed.push(tok);
+            if cfg.stop_ids.contains(&tok) {
+                stop = true;
+                break;
+            }
+        }
+        let keep = s.committed.len() - 1;
+        cache.truncate(keep);
+        if let Ok(mut snap) = snapshot.lock() {
+            *snap = cfg.tvc.then(|| cache.clone());
+        }
+        if stop || s.out.tokens.len() >= cfg.max_tokens {
+            s.done = true;
+        }
+        s.verify_started = None;
+        cv.notify_all();
+        Ok(!s.done)
+    };
+
+    if cfg.synchronous {
+        // Lock-step: one draft batch, then one verification.
+        loop {
+            draft_step(drafter, None)?;
+            if !verify_step(&mut cache)? {
+                break;
+            }
+        }
+    } else {
+        std::thread::scope(|sc| -> Result<(), ModelError> {
+            let h = sc.spawn(|| -> Result<(), ModelError> {
+                llada_runtime::trace::set_thread_lane("draft");
+                loop {
+                    let snap = snapshot.lock().ok().and_then(|s| s.clone());
+                    if !draft_step(drafter, snap.as_ref())? {
+                        return Ok(());
+                    }
+                }
+            });
+            let r = (|| -> Result<(), ModelError> {
+                while verify_step(&mut cache)? {
+                    // Let the drafter fill the queue if it is empty.
+                    let s = lock()?;
+                    if s.pending.is_empty() && !s.done {
+                        let _ = cv.wait_timeout(s, Duration::from_millis(1));
+                    }
+                }
+                Ok(())
+            })();
+            {
+                let mut s = lock()?;
+                s.done = true;
+                cv.notify_all();
+            }
+            let d = h
+                .join()
+                .map_err(|_| ModelError::Other("the draft lane panicked".into()))?;
+            r.and(d)
+        })?;
+    }
+    let mut s = lock()?;
+    s.out.total_s = t0.elapsed().as_secs_f64();
+    Ok(std::mem::take(&mut s.out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entropy_levels() {
+        assert_eq!(entropy_level(0.0), 0);
+        assert_eq!(entropy_level(5.0), 3);
+        assert_eq!(entropy_level(9.99), 7);
+        assert_eq!(entropy_level(42.0), 7);
+    }
+
+    #[test]
+    fn edc_counter_table() {
+        let mut e = Edc::default();
+        assert!(e.should_draft()); // weakly taken
+        let i = e.on_draft(9.5);
+        e.on_verify(i, false);
+        // One failure at this index: 2 → 1, and drafting stops there.
+        assert_eq!(e.counter(i), 1);
+        assert!(!e.should_draft() || e.index() != i);
+        // Successes saturate at 3.
+        let mut e = Edc::default();
+        for _ in 0..5 {
+            let i = e.on_draft(0.5);
+            e.on_verify(i, true);
+        }
+        assert!(e.should_draft());
+        // A rejection rolls the history back to the committed ring.
+        let before = (e.ring, e.head);
+        let j = e.on_draft(9.9);
+        assert_ne!((e.ring, e.head), before);
+        e.on_verify(j, false);
+        assert_eq!((e.ring, e.head), before);
+        assert_eq!(e.unverified, 0);
+    }
+
+    #[test]
+    fn tvc_clamps_the_length() {
+        assert_eq!(Tvc::preverify_len(0.010, 0.001, 20), 8);
+        assert_eq!(Tvc::preverify_len(0.010, 0.001, 3), 3);
+        assert_eq!(Tvc::preverify_len(0.0001, 0.001, 5), 1);
+        assert_eq!(Tvc::preverify_len(1.0, 0.001, 0), 0);
+        let mut t = Tvc::default();
+        assert!(t.per_token(100).is_none());
+        t.record(0.02, 2, 100);
+        assert!((t.per_token(100).unwrap() - 0.01).abs() < 1e-9);
+        assert!(t.per_token(200).unwrap() > t.per_token(100).unwrap());
+    }
+}
