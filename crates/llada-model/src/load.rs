@@ -417,7 +417,12 @@ impl Model {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             layers.push(if plan.resident_layers[i] {
-                Some(recipe.build_layer(c, i)?)
+                let l = recipe.build_layer(c, i)?;
+                // Repacked into our own buffers: the file's pages are no longer needed.
+                for t in recipe.layer_tensors(c, i) {
+                    src.release(&t);
+                }
+                Some(l)
             } else {
                 // Validate now (a bad tensor must fail at load, not mid-generation), then drop.
                 recipe.build_layer(c, i)?;
@@ -428,7 +433,11 @@ impl Model {
             });
         }
         let lm_head = if plan.resident_head {
-            Some(recipe.build_head(c)?)
+            let h = recipe.build_head(c)?;
+            if !c.tied_embeddings {
+                src.release(recipe.head(c).0);
+            }
+            Some(h)
         } else {
             recipe.build_head(c)?;
             src.release(recipe.head(c).0);
@@ -440,8 +449,13 @@ impl Model {
             final_norm: vec1(&*src, norm, d)?,
             lm_head,
         };
+        // Streamed units are read with one pread per tensor into staging buffers.
+        let staged = Recipe {
+            src: Arc::new(crate::store::StagedSource::new(src.clone())),
+            ..recipe
+        };
         let store = (!plan.streams_nothing())
-            .then(|| crate::store::WeightStore::new(recipe, plan, opts.storage_bw));
+            .then(|| crate::store::WeightStore::new(staged, plan, opts.storage_bw));
         Ok((weights, store))
     }
 

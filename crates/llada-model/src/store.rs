@@ -15,6 +15,7 @@
 //! (`--storage-bw`): a read of `b` bytes takes at least `b / bw` seconds.
 
 use crate::load::Recipe;
+use llada_formats::{TensorSource, TensorView};
 use crate::weights::{Layer, Linear};
 use crate::{ModelConfig, ModelError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +159,78 @@ pub struct StreamStats {
     pub wait_ns: AtomicU64,
     /// Time the prefetch thread spent reading + repacking (ns), including emulated throttling.
     pub read_ns: AtomicU64,
+}
+
+/// A tensor source that reads each tensor with one `pread` into its own staging buffer (and
+/// drops the file's pages from the page cache afterwards, so every pass reads storage),
+/// instead of faulting it in page by page through the mapping.
+pub(crate) struct StagedSource {
+    inner: std::sync::Arc<dyn TensorSource + Send + Sync>,
+    files: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, std::fs::File>>,
+}
+
+impl StagedSource {
+    pub(crate) fn new(inner: std::sync::Arc<dyn TensorSource + Send + Sync>) -> Self {
+        Self {
+            inner,
+            files: Default::default(),
+        }
+    }
+}
+
+impl TensorSource for StagedSource {
+    fn get(&self, name: &str) -> Option<TensorView> {
+        let v = self.inner.get(name)?;
+        let mut buf = vec![0u8; v.len];
+        let ok = (|| -> std::io::Result<()> {
+            use std::os::unix::fs::FileExt;
+            let mut files = self
+                .files
+                .lock()
+                .map_err(|_| std::io::Error::other("file table poisoned"))?;
+            if !files.contains_key(&v.file) {
+                files.insert(v.file.clone(), std::fs::File::open(&v.file)?);
+            }
+            let f = files
+                .get(&v.file)
+                .ok_or_else(|| std::io::Error::other("file vanished"))?;
+            f.read_exact_at(&mut buf, v.offset as u64)?;
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::fd::AsRawFd;
+                // SAFETY: valid descriptor; advisory only.
+                unsafe {
+                    libc::posix_fadvise(
+                        f.as_raw_fd(),
+                        v.offset as libc::off_t,
+                        v.len as libc::off_t,
+                        libc::POSIX_FADV_DONTNEED,
+                    );
+                }
+            }
+            Ok(())
+        })();
+        // The mapping's own view is the fallback when the file cannot be read directly (e.g.
+        // a source that is not a plain file): the numbers are the same.
+        if ok.is_err() {
+            return Some(v);
+        }
+        let owner: llada_kernels::ByteOwner = std::sync::Arc::new(buf);
+        Some(TensorView {
+            owner,
+            offset: 0,
+            ..v
+        })
+    }
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+    fn release(&self, name: &str) {
+        self.inner.release(name)
+    }
 }
 
 /// Streaming state of a model loaded under a budget.
