@@ -224,7 +224,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new((a.budgets.len() * (1 + 3 * a.drafts.len())) as u64)
+        indicatif::ProgressBar::new((a.budgets.len() * (1 + 7 * a.drafts.len())) as u64)
     };
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
@@ -362,6 +362,55 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     prompts: prompts.len(),
                 });
             }
+            // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
+            for (name, edc, tvc, synchronous) in [
+                ("ahasd-sync", false, false, true),
+                ("ahasd-async", false, false, false),
+                ("ahasd-async+edc", true, false, false),
+                ("ahasd-async+edc+tvc", true, true, false),
+            ] {
+                pb.set_message(format!("{budget}: {name} ({draft})"));
+                let (mut s, mut toks, mut acc, mut passes, mut same) = (0.0, 0, 0, 0, 0);
+                let b0 = streamed(&target);
+                for (p, want) in prompts.iter().zip(&reference) {
+                    let mut d = src.drafter(&dlane, 0.0);
+                    let o = llada_decode::speculative::ahasd::generate(
+                        &target,
+                        &lane,
+                        &dlane,
+                        d.as_mut(),
+                        p,
+                        &llada_decode::speculative::ahasd::AsyncConfig {
+                            max_tokens: a.max_tokens,
+                            batch: 4,
+                            max_verify: 16,
+                            edc,
+                            tvc,
+                            synchronous,
+                            stop_ids: vec![],
+                        },
+                    )?;
+                    s += o.total_s;
+                    toks += o.tokens.len();
+                    acc += o.accepted;
+                    passes += o.verify_passes;
+                    same += usize::from(&o.tokens == want);
+                }
+                pb.inc(1);
+                runs.push(SpecRun {
+                    config: name.into(),
+                    draft: draft.clone(),
+                    budget: budget.clone(),
+                    tokens_per_s: toks as f64 / s,
+                    bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
+                    peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+                    accepted_len: acc as f64 / passes.max(1) as f64,
+                    tree_nodes_per_pass: 0.0,
+                    verify_passes: passes,
+                    identical: same,
+                    prompts: prompts.len(),
+                });
+            }
         }
     }
     pb.finish_and_clear();
@@ -379,7 +428,9 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         "summary_budget": low,
         "speedup_vs_ar_25pct": lever.zip(find("ar", &low)).map(|(l, b)| l / b),
         "speedup_vs_chain_25pct": lever.zip(find("chain", &low)).map(|(l, c)| l / c),
-        "async_speedup": null,
+        "async_speedup": find("ahasd-async+edc+tvc", &low)
+            .zip(find("ahasd-sync", &low))
+            .map(|(x, y)| x / y),
         "lossless_identical": same,
         "lossless_total": total,
         "storage_bw_emulated_gbps": a.storage_bw,

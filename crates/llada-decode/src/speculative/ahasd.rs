@@ -266,7 +266,7 @@ pub fn generate(
     target: &Model,
     verify_lane: &Lane,
     draft_lane: &Lane,
-    drafter: &mut (dyn Drafter + Send),
+    drafter: &mut dyn Drafter,
     prompt: &[u32],
     cfg: &AsyncConfig,
 ) -> Result<AsyncOutput, ModelError> {
@@ -311,7 +311,7 @@ pub fn generate(
     };
 
     // The drafter's step: draft one batch (or pre-verify, or report idle).
-    let draft_step = |drafter: &mut (dyn Drafter + Send),
+    let draft_step = |drafter: &mut dyn Drafter,
                       target_snapshot: Option<&KvCache>|
      -> Result<bool, ModelError> {
         let (ctx, epoch, gate_ok, full) = {
