@@ -399,8 +399,15 @@ fn run_chat(a: ChatArgs) -> Result<()> {
 
 fn run_info(model: &str, json: bool) -> Result<()> {
     let path = models::resolve(model, json)?;
-    let m = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    // The tokenizer is not reported: models without one (e.g. `llada synth` output) load too.
+    let m = Model::load(
+        &path,
+        &LoadOptions {
+            no_tokenizer: true,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
     let c = &m.config;
     let total: u64 = m.tensor_types.iter().map(|t| t.2).sum();
     if json {
