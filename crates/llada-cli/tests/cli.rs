@@ -177,3 +177,123 @@ fn info_reports_architecture_and_types() {
     let p = j["parameters"].as_u64().unwrap();
     assert!((134_000_000..136_000_000).contains(&p), "{p}");
 }
+
+/// Speculative decoding (every tree shape) and a 25 % weight budget (streamed layers and head)
+/// change speed, never the greedy output.
+#[test]
+fn speculative_and_budgeted_runs_match_plain_greedy() {
+    let prompt =
+        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox";
+    let base = run_json(&[
+        "generate",
+        "--raw",
+        prompt,
+        "-n",
+        "24",
+        "--json",
+        "--ignore-eos",
+    ]);
+    for tree in ["chain", "topk", "lever"] {
+        let j = run_json(&[
+            "generate",
+            "--raw",
+            prompt,
+            "-n",
+            "24",
+            "--json",
+            "--ignore-eos",
+            "--mode",
+            "speculative",
+            "--draft",
+            "ngram",
+            "--tree",
+            tree,
+        ]);
+        assert_eq!(j["tokens"], base["tokens"], "tree {tree}");
+        assert!(j["verify_passes"].as_u64().unwrap() <= 24);
+    }
+    // The repeated sentence is what prompt lookup can predict: fewer passes than tokens.
+    let j = run_json(&[
+        "generate",
+        "--raw",
+        prompt,
+        "-n",
+        "24",
+        "--json",
+        "--ignore-eos",
+        "--mode",
+        "speculative",
+        "--tree",
+        "chain",
+        "--p-min",
+        "0",
+    ]);
+    assert!(j["verify_passes"].as_u64().unwrap() < 24, "{j}");
+    let b = run_json(&[
+        "generate",
+        "--raw",
+        prompt,
+        "-n",
+        "24",
+        "--json",
+        "--ignore-eos",
+        "--mem-budget",
+        "25%",
+    ]);
+    assert_eq!(b["tokens"], base["tokens"]);
+    // Bad budgets are clear errors.
+    let out = llada()
+        .args(["generate", "x", "--mem-budget", "lots"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory budget"));
+}
+
+/// `llada bench diffusion --json` on a shipped task model reports the fields.
+#[test]
+fn bench_diffusion_reports_its_fields() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("models/tiny-llada-tasks");
+    let out_dir = std::env::temp_dir().join(format!("llada-bench-diff-{}", std::process::id()));
+    let j = run_json(&[
+        "bench",
+        "diffusion",
+        "--models",
+        model.to_str().unwrap(),
+        "--examples",
+        "1",
+        "--strategies",
+        "vanilla,prefix,full",
+        "--sweep",
+        "8,16",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+        "--json",
+    ]);
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        for k in [
+            "strategy",
+            "model",
+            "gen_length",
+            "latency_s",
+            "tokens_per_s",
+            "forwards",
+            "tokens_per_forward",
+            "revised",
+            "accuracy",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+    }
+    assert_eq!(runs[0]["forwards"], 128.0);
+    assert!(j["speedup_vs_prefix_cache"].as_f64().unwrap() > 0.0);
+    assert!(j["speedup_vs_vanilla"].as_f64().unwrap() > 0.0);
+    assert!(!j["accuracy_delta_pts"].is_null());
+    for f in ["report.md", "runs.csv", "sweep.csv", "sweep.svg"] {
+        assert!(out_dir.join(f).exists(), "{f} not written");
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

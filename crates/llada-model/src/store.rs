@@ -15,9 +15,9 @@
 //! (`--storage-bw`): a read of `b` bytes takes at least `b / bw` seconds.
 
 use crate::load::Recipe;
-use llada_formats::{TensorSource, TensorView};
 use crate::weights::{Layer, Linear};
 use crate::{ModelConfig, ModelError};
+use llada_formats::{TensorSource, TensorView};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};

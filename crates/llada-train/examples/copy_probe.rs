@@ -58,7 +58,10 @@ fn main() -> anyhow::Result<()> {
                 let lsm = candle_nn::ops::log_softmax(&lg, 2)?;
                 let v: Vec<Vec<Vec<f32>>> = lsm.to_vec3()?;
                 let nll: f32 = (0..32).map(|r| -v[r][7][tg[r][7] as usize]).sum::<f32>() / 32.0;
-                println!("causal={causal} step {step}: loss {:.3}, letter-position nll {nll:.3}", loss.to_scalar::<f32>()?);
+                println!(
+                    "causal={causal} step {step}: loss {:.3}, letter-position nll {nll:.3}",
+                    loss.to_scalar::<f32>()?
+                );
             }
         }
     }
