@@ -123,7 +123,16 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
     };
     match name {
         // LLaDA format, BPE 4096 trained on Austen + KJV.
-        "tiny-llada-prose" => Some((spec(Format::LLaDA, 256, 6, 8, 8, 704, false, true), 3000)),
+        // (d 192, 4 layers: ≈ 2 s/step on one core, so the card's 40-minute budget sees about
+        // one epoch; RoPE θ 10⁴ — LLaDA-8B's 5·10⁵ separates nearby positions poorly at this
+        // head size, see docs/training.md.)
+        "tiny-llada-prose" => Some((
+            ModelSpec {
+                rope_theta: 1e4,
+                ..spec(Format::LLaDA, 192, 4, 6, 6, 512, false, true)
+            },
+            3000,
+        )),
         // Llama format over SmolLM2's own token ids, tied head: ≈ 11 M MACs/token vs ≈ 134 M.
         "smollm2-draft" => Some((spec(Format::Llama, 192, 4, 6, 2, 512, true, true), 3000)),
         _ => None,
