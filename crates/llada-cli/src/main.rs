@@ -250,7 +250,10 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
     if a.mode == "diffusion" {
-        return zoo::generate_diffusion(
+        if a.model.trace.is_some() {
+            Tracer::global().enable(true);
+        }
+        zoo::generate_diffusion(
             &a.prompt,
             &a.model.model,
             a.model.threads,
@@ -258,7 +261,20 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             a.json,
             &a.sampling,
             &a.diffusion,
-        );
+        )?;
+        if let Some(p) = &a.model.trace {
+            let header =
+                serde_json::json!({"llada_trace": 1, "model": a.model.model, "mode": "diffusion"});
+            let recs = Tracer::global().drain();
+            Tracer::write_jsonl(p, &header, &recs)
+                .with_context(|| format!("writing trace {}", p.display()))?;
+            eprintln!(
+                "trace: {} operator records written to {}",
+                recs.len(),
+                p.display()
+            );
+        }
+        return Ok(());
     }
     let cfg = gen_config(&a.sampling)?;
     let (model, lane) = load(&a.model, a.json)?;
