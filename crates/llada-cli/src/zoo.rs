@@ -432,8 +432,14 @@ pub fn generate_diffusion(
     s: &crate::SamplingArgs,
     d: &DiffusionArgs,
 ) -> Result<()> {
+    // Without --model, diffusion mode runs the zoo's prose model (the task model if the prose
+    // model is absent).
     let path = if model == "smollm2" {
-        PathBuf::from("models/tiny-llada-tasks")
+        ["models/tiny-llada-prose", "models/tiny-llada-tasks"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("config.json").exists())
+            .context("no diffusion model in models/: pass --model, or train one with `llada train`")?
     } else {
         PathBuf::from(model)
     };
