@@ -476,7 +476,13 @@ pub fn generate_diffusion(
             let text = if t == v.mask_id {
                 "░".to_string()
             } else {
-                tok.decode(&[t]).replace('\n', "⏎")
+                // Special tokens (EOS padding) decode to nothing: show them as a dot.
+                let s = tok.decode(&[t]).replace('\n', "⏎");
+                if s.is_empty() {
+                    "·".to_string()
+                } else {
+                    s
+                }
             };
             let color = match (st, rev) {
                 (TokenState::Invisible, _) => "\x1b[2m",
