@@ -439,7 +439,9 @@ pub fn generate_diffusion(
             .iter()
             .map(PathBuf::from)
             .find(|p| p.join("config.json").exists())
-            .context("no diffusion model in models/: pass --model, or train one with `llada train`")?
+            .context(
+                "no diffusion model in models/: pass --model, or train one with `llada train`",
+            )?
     } else {
         PathBuf::from(model)
     };
