@@ -6,9 +6,7 @@
 use crate::zoo::Lanes;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::diffusion::{
-    CacheMode, Confidence, DiffusionConfig, MultiBlock, Revision, Schedule,
-};
+use llada_decode::diffusion::{CacheMode, DiffusionConfig, MultiBlock, Revision};
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
 use llada_runtime::Lane;
 use llada_train::tasks::{held_out_subset, Example};
@@ -89,20 +87,7 @@ pub const STRATEGIES: [&str; 6] = [
 ];
 
 fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionConfig> {
-    let mut c = DiffusionConfig {
-        gen_length: gen,
-        steps: gen,
-        block_length: a.block_length,
-        schedule: Schedule::Uniform,
-        confidence: Confidence::TopProb,
-        temperature: 0.0,
-        seed: 0,
-        cache: CacheMode::None,
-        threshold: None,
-        multi_block: None,
-        revision: None,
-        cfg_scale: 0.0,
-    };
+    let mut c = DiffusionConfig::one_per_step(gen, a.block_length);
     let mb = MultiBlock {
         window: a.window,
         lookahead: a.lookahead,

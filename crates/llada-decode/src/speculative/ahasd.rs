@@ -277,21 +277,7 @@ pub fn generate(
     }
     let t0 = Instant::now();
     let mut cache = target.new_cache();
-    if prompt.len() > 1 {
-        let pos: Vec<u32> = (0..prompt.len() as u32 - 1).collect();
-        verify_lane.run(|| {
-            target.forward(
-                &ForwardRequest {
-                    tokens: &prompt[..prompt.len() - 1],
-                    positions: &pos,
-                    mask: AttnMask::Causal,
-                    kv_write: KvWrite::Append,
-                    logits: LogitRows::None,
-                },
-                &mut cache,
-            )
-        })?;
-    }
+    super::append_context(target, verify_lane, &mut cache, &prompt[..prompt.len() - 1])?;
     let shared = Mutex::new(Shared {
         committed: prompt.to_vec(),
         pending: VecDeque::new(),

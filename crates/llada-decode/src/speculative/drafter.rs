@@ -217,24 +217,8 @@ impl<'m> ModelDrafter<'m> {
             .count();
         self.cache.truncate(common);
         self.cached.truncate(common);
-        if want.len() > common {
-            let pos: Vec<u32> = (common as u32..want.len() as u32).collect();
-            let model = self.model;
-            let cache = &mut self.cache;
-            self.lane.run(|| {
-                model.forward(
-                    &ForwardRequest {
-                        tokens: &want[common..],
-                        positions: &pos,
-                        mask: AttnMask::Causal,
-                        kv_write: KvWrite::Append,
-                        logits: LogitRows::None,
-                    },
-                    cache,
-                )
-            })?;
-            self.cached.extend_from_slice(&want[common..]);
-        }
+        super::append_context(self.model, self.lane, &mut self.cache, &want[common..])?;
+        self.cached.extend_from_slice(&want[common..]);
         Ok(())
     }
 }

@@ -75,21 +75,7 @@ pub fn generate(
     let mut cache = target.new_cache();
     let mut ctx: Vec<u32> = prompt.to_vec();
     // Prefill all but the last prompt token: the last one is the root of every tree.
-    if ctx.len() > 1 {
-        let pos: Vec<u32> = (0..ctx.len() as u32 - 1).collect();
-        dense.run(|| {
-            target.forward(
-                &ForwardRequest {
-                    tokens: &ctx[..ctx.len() - 1],
-                    positions: &pos,
-                    mask: AttnMask::Causal,
-                    kv_write: KvWrite::Append,
-                    logits: LogitRows::None,
-                },
-                &mut cache,
-            )
-        })?;
-    }
+    append_context(target, dense, &mut cache, &ctx[..ctx.len() - 1])?;
     out.prefill_s = t0.elapsed().as_secs_f64();
     let sampler = Sampler::new(cfg.sampling);
     let mut cal = Calibration::default();
@@ -249,6 +235,34 @@ pub fn generate(
     }
     out.total_s = t0.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Append `tokens` (causal, no logits) to `cache` at the positions that follow it: the shared
+/// prefill of target and draft caches (the committed context minus the pending root).
+pub(crate) fn append_context(
+    model: &Model,
+    lane: &Lane,
+    cache: &mut llada_runtime::KvCache,
+    tokens: &[u32],
+) -> Result<(), ModelError> {
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let p0 = cache.len() as u32;
+    let pos: Vec<u32> = (p0..p0 + tokens.len() as u32).collect();
+    lane.run(|| {
+        model.forward(
+            &ForwardRequest {
+                tokens,
+                positions: &pos,
+                mask: AttnMask::Causal,
+                kv_write: KvWrite::Append,
+                logits: LogitRows::None,
+            },
+            cache,
+        )
+    })?;
+    Ok(())
 }
 
 /// Least-squares fit of `seconds = io_s + rows · token_s` over the measured passes (falls back
