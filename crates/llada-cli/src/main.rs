@@ -19,6 +19,13 @@ use llada_runtime::{Lane, Tracer};
 use std::io::Write;
 use std::path::PathBuf;
 
+/// mimalloc instead of the system allocator: training and long prefills allocate and free
+/// tens-of-megabyte tensors every step, which glibc serves with fresh `mmap`s (page faults on
+/// every touch); measured on 12 steps of `llada train --preset smollm2-draft --batch 16`:
+/// 30.1 s → 22.2 s wall, system time 22.5 s → 8.6 s.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "llada",
@@ -65,6 +72,9 @@ enum Cmd {
     Train(zoo::TrainArgs),
     /// Evaluate a model: exact match per task on the held-out split (diffusion task models).
     Eval(zoo::EvalArgs),
+    /// Calibrate a draft's early-exit verification probe against its target (writes
+    /// probe.json next to the draft; used by `--early-exit` and `bench spec`).
+    TrainProbe(spec::TrainProbeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -514,6 +524,7 @@ fn main() {
         Cmd::Synth(a) => synth::run(a),
         Cmd::Train(a) => zoo::train(a),
         Cmd::Eval(a) => zoo::eval(a),
+        Cmd::TrainProbe(a) => spec::train_probe(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

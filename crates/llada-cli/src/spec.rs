@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::speculative::drafter::{Drafter, ModelDrafter, NgramDrafter, TreeShape};
+use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
 use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
 use llada_decode::{generate, GenerateConfig, SamplingParams};
 use llada_model::{LoadOptions, Model};
@@ -36,6 +37,10 @@ pub struct SpecArgs {
     pub max_depth: usize,
     #[arg(long, default_value_t = 3)]
     pub tree_top_k: usize,
+    /// Early-exit verification pruning with the draft's `probe.json` (made by `llada
+    /// train-probe`): tree nodes the probe rejects at a middle layer skip the remaining layers.
+    #[arg(long)]
+    pub early_exit: bool,
 }
 
 impl SpecArgs {
@@ -102,6 +107,22 @@ impl DraftSource {
         }
         Ok(Self::Model(Box::new(m)))
     }
+    /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
+    pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
+        if name == "ngram" {
+            return Ok(None);
+        }
+        let path = crate::models::resolve(name, true)?;
+        let p = if path.is_dir() {
+            path.join("probe.json")
+        } else {
+            path.with_file_name("probe.json")
+        };
+        if !p.exists() {
+            return Ok(None);
+        }
+        Ok(Some(ExitProbe::load(&p).map_err(anyhow::Error::msg)?))
+    }
     pub fn drafter<'a>(&'a self, lane: &'a Lane, temperature: f32) -> Box<dyn Drafter + 'a> {
         match self {
             Self::Ngram => Box::new(NgramDrafter),
@@ -119,6 +140,25 @@ pub fn run_generate(
     a: &SpecArgs,
 ) -> Result<SpecOutput> {
     let src = DraftSource::load(&a.draft, target)?;
+    let exit = if a.early_exit {
+        Some(DraftSource::probe(&a.draft)?.with_context(|| {
+            format!(
+                "--early-exit needs {}/probe.json: run `llada train-probe --draft {}`",
+                a.draft, a.draft
+            )
+        })?)
+    } else {
+        None
+    };
+    if let Some(p) = &exit {
+        if p.layer + 1 >= target.config.n_layers {
+            bail!(
+                "the probe exits after layer {}, the target has {} layers: retrain it for this target",
+                p.layer,
+                target.config.n_layers
+            );
+        }
+    }
     let draft_lane = Lane::new("draft", 1)?;
     let sparse = Lane::new("sparse", 1)?;
     let mut d = src.drafter(&draft_lane, cfg.sampling.temperature);
@@ -145,6 +185,8 @@ pub fn run_generate(
             sampling: cfg.sampling,
             shape: a.shape()?,
             stop_ids: stop,
+            exit,
+            probe_log: None,
         },
     )?)
 }
@@ -192,6 +234,8 @@ struct SpecRun {
     verify_passes: usize,
     identical: usize,
     prompts: usize,
+    /// Early exit: fraction of the verify passes' layer-rows skipped.
+    compute_saved: f64,
 }
 
 const PROMPTS: [&str; 8] = [
@@ -224,7 +268,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new((a.budgets.len() * (1 + 7 * a.drafts.len())) as u64)
+        indicatif::ProgressBar::new((a.budgets.len() * (1 + 8 * a.drafts.len())) as u64)
     };
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
@@ -299,31 +343,37 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             verify_passes: ar_tokens,
             identical: same,
             prompts: prompts.len(),
+            compute_saved: 0.0,
         });
         for draft in &a.drafts {
             let src = DraftSource::load(draft, &target)?;
+            let probe = DraftSource::probe(draft)?.filter(|p| p.layer + 1 < target.config.n_layers);
             let dlane = Lane::new("draft", 1)?;
             let sparse = Lane::new("sparse", 1)?;
-            for (name, shape) in [
-                ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }),
+            let lever = TreeShape::CostAware {
+                max_nodes: 24,
+                max_depth: 8,
+                top_k: 3,
+            };
+            let mut configs = vec![
+                ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }, None),
                 (
                     "topk-tree",
                     TreeShape::TopK {
                         widths: vec![3, 2, 2, 1],
                     },
+                    None,
                 ),
-                (
-                    "lever-tree",
-                    TreeShape::CostAware {
-                        max_nodes: 24,
-                        max_depth: 8,
-                        top_k: 3,
-                    },
-                ),
-            ] {
+                ("lever-tree", lever.clone(), None),
+            ];
+            if probe.is_some() {
+                configs.push(("lever-tree+early-exit", lever, probe));
+            }
+            for (name, shape, exit) in configs {
                 pb.set_message(format!("{budget}: {name} ({draft})"));
                 let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) =
                     (0.0, 0, 0, 0, 0, 0);
+                let (mut saved, mut total_rows) = (0usize, 0usize);
                 let b0 = streamed(&target);
                 for (p, want) in prompts.iter().zip(&reference) {
                     let mut d = src.drafter(&dlane, 0.0);
@@ -338,8 +388,12 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                             sampling: SamplingParams::default(),
                             shape: shape.clone(),
                             stop_ids: vec![],
+                            exit: exit.clone(),
+                            probe_log: None,
                         },
                     )?;
+                    saved += o.layer_rows_saved;
+                    total_rows += o.layer_rows_total;
                     s += o.total_s - o.prefill_s;
                     toks += o.tokens.len();
                     acc += o.accepted;
@@ -360,6 +414,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     verify_passes: passes,
                     identical: same,
                     prompts: prompts.len(),
+                    compute_saved: saved as f64 / total_rows.max(1) as f64,
                 });
             }
             // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
@@ -409,23 +464,34 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     verify_passes: passes,
                     identical: same,
                     prompts: prompts.len(),
+                    compute_saved: 0.0,
                 });
             }
         }
     }
     pb.finish_and_clear();
+    // Summary ratios: the last drafter listed, at the last (tightest) budget; its Lever tree
+    // with early exit when a probe shipped with it.
+    let sd = a.drafts.last().cloned().unwrap_or_default();
     let find = |config: &str, budget: &str| {
         runs.iter()
-            .find(|r| r.config == config && r.budget == budget)
+            .find(|r| r.config == config && r.budget == budget && (r.draft == sd || config == "ar"))
             .map(|r| r.tokens_per_s)
     };
     let low = a.budgets.last().cloned().unwrap_or_default();
-    let lever = find("lever-tree", &low);
+    let lever_name = if find("lever-tree+early-exit", &low).is_some() {
+        "lever-tree+early-exit"
+    } else {
+        "lever-tree"
+    };
+    let lever = find(lever_name, &low);
     let total: usize = runs.iter().map(|r| r.prompts).sum();
     let same: usize = runs.iter().map(|r| r.identical).sum();
     let report = serde_json::json!({
         "runs": runs,
         "summary_budget": low,
+        "summary_draft": sd,
+        "summary_config": lever_name,
         "speedup_vs_ar_25pct": lever.zip(find("ar", &low)).map(|(l, b)| l / b),
         "speedup_vs_chain_25pct": lever.zip(find("chain", &low)).map(|(l, c)| l / c),
         "async_speedup": find("ahasd-async+edc+tvc", &low)
@@ -438,13 +504,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         "threads": threads,
     });
     std::fs::create_dir_all(&a.out_dir)?;
-    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | compute saved | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from(
-        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,identical,prompts\n",
+        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,identical,prompts\n",
     );
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {}/{} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {:.0}% | {}/{} |\n",
             r.config,
             r.draft,
             r.budget,
@@ -455,11 +521,12 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
+            100.0 * r.compute_saved,
             r.identical,
             r.prompts
         ));
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.config,
             r.draft,
             r.budget,
@@ -469,6 +536,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
+            r.compute_saved,
             r.identical,
             r.prompts
         ));
@@ -487,7 +555,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             println!("storage bandwidth EMULATED at {bw} GB/s for streamed weights");
         }
         println!(
-            "lever tree at budget {low}: {} vs AR, {} vs chain; greedy output identical to AR in {same}/{total} runs",
+            "{lever_name} ({sd}) at budget {low}: {} vs AR, {} vs chain; greedy output identical to AR in {same}/{total} runs",
             report["speedup_vs_ar_25pct"]
                 .as_f64()
                 .map_or("–".into(), |v| format!("{v:.2}x")),
@@ -495,6 +563,147 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 .as_f64()
                 .map_or("–".into(), |v| format!("{v:.2}x"))
         );
+    }
+    Ok(())
+}
+
+/// `llada train-probe`: calibrate the early-exit verification probe of a draft.
+#[derive(Args)]
+pub struct TrainProbeArgs {
+    /// Target model (alias, GGUF or HF directory).
+    #[arg(long, default_value = "smollm2")]
+    target: String,
+    /// Draft model the probe ships with: `probe.json` is written into its directory.
+    #[arg(long, default_value = "models/smollm2-draft")]
+    draft: String,
+    /// Exit layer, 0-based (default: the middle of the target).
+    #[arg(long)]
+    layer: Option<usize>,
+    /// Calibration prompts: 32-token windows of the Austen + KJV *training* split (the last
+    /// quarter of the prompts is held out to measure recall).
+    #[arg(long, default_value_t = 32)]
+    prompts: usize,
+    /// Tokens generated per prompt (greedy, Lever tree).
+    #[arg(long, default_value_t = 48)]
+    tokens: usize,
+    /// Fraction of the accepted nodes the threshold must keep on the fitting split.
+    #[arg(long, default_value_t = 0.995)]
+    recall: f64,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the probe as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
+    if !(0.5..=1.0).contains(&a.recall) {
+        bail!("--recall must be in [0.5, 1]");
+    }
+    let path = crate::models::resolve(&a.target, a.json)?;
+    let target = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let layers = target.config.n_layers;
+    let layer = a.layer.unwrap_or(layers / 2);
+    if layer + 1 >= layers {
+        bail!("--layer must be below the last layer ({})", layers - 1);
+    }
+    let tok = target
+        .tokenizer
+        .as_ref()
+        .context("the target has no tokenizer")?;
+    let files = [
+        std::path::Path::new("data/austen.txt"),
+        std::path::Path::new("data/kjv.txt"),
+    ];
+    if let Some(f) = files.iter().find(|f| !f.exists()) {
+        bail!(
+            "{} is missing: run `python3 scripts/fetch_corpora.py` first",
+            f.display()
+        );
+    }
+    let corpus =
+        llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let prompts = corpus.windows(false, a.prompts.max(4), 32, &mut rng);
+    let src = DraftSource::load(&a.draft, &target)?;
+    let draft_dir = match &src {
+        DraftSource::Ngram => bail!("the probe ships with a draft model, not `ngram`"),
+        DraftSource::Model(_) => crate::models::resolve(&a.draft, true)?,
+    };
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let lane = Lane::new("dense", threads)?;
+    let dlane = Lane::new("draft", 1)?;
+    let pb = if a.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(prompts.len() as u64)
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] calibrating",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let split = prompts.len() * 3 / 4;
+    let (mut fit_data, mut held) = (ProbeData::default(), ProbeData::default());
+    for (i, p) in prompts.iter().enumerate() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(ProbeData::default()));
+        let mut d = src.drafter(&dlane, 0.0);
+        spec_generate(
+            &target,
+            &lane,
+            None,
+            d.as_mut(),
+            p,
+            &SpecConfig {
+                max_tokens: a.tokens,
+                sampling: SamplingParams::default(),
+                shape: TreeShape::CostAware {
+                    max_nodes: 24,
+                    max_depth: 8,
+                    top_k: 3,
+                },
+                stop_ids: vec![],
+                exit: None,
+                probe_log: Some((layer, log.clone())),
+            },
+        )?;
+        let got = std::mem::take(&mut *log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+        let dst = if i < split { &mut fit_data } else { &mut held };
+        dst.x.extend(got.x);
+        dst.y.extend(got.y);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if !fit_data.y.iter().any(|y| *y) {
+        bail!("no drafted node was accepted during calibration: nothing to fit");
+    }
+    let probe = prune::fit(layer, &fit_data, &held, a.recall);
+    let out = draft_dir.join("probe.json");
+    probe.save(&out)?;
+    let saved = probe.heldout_pruned * (layers - layer - 1) as f64 / layers as f64;
+    if a.json {
+        println!("{}", serde_json::to_string(&probe)?);
+    } else {
+        println!(
+            "probe after layer {layer} of {layers}: {} fit / {} held-out nodes ({:.0}% / {:.0}% accepted)",
+            fit_data.y.len(),
+            held.y.len(),
+            100.0 * fit_data.y.iter().filter(|y| **y).count() as f64 / fit_data.y.len().max(1) as f64,
+            100.0 * held.y.iter().filter(|y| **y).count() as f64 / held.y.len().max(1) as f64,
+        );
+        println!(
+            "held-out: recall of accepted nodes {:.2}%, nodes pruned {:.1}% (≈ {:.1}% of the verify compute)",
+            100.0 * probe.heldout_recall,
+            100.0 * probe.heldout_pruned,
+            100.0 * saved
+        );
+        println!("wrote {}", out.display());
     }
     Ok(())
 }

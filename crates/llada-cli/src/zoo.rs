@@ -139,6 +139,9 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
     }
 }
 
+/// Rows of `smollm2-draft`'s reduced vocabulary.
+const DRAFT_VOCAB: usize = 8192;
+
 fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     use llada_train::prose::{train_bpe, Corpus};
     use llada_train::trainer::{train as train_with, ProseData};
@@ -176,7 +179,21 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         spec.mask_id = 0;
     }
     eprintln!("tokenizing the corpora (vocab {vocab}) ...");
-    let corpus = Corpus::load(&files, &tokenizer, eos)?;
+    let mut corpus = Corpus::load(&files, &tokenizer, eos)?;
+    let reduced_vocab = if a.preset == "smollm2-draft" && DRAFT_VOCAB < vocab {
+        // The draft embeds and predicts only the most frequent ids (one shared row for the
+        // rest): its head costs K·d instead of 49152·d MACs per token.
+        let (ids, cover) = llada_train::prose::reduce_vocab(&mut corpus, vocab, DRAFT_VOCAB);
+        eprintln!(
+            "reduced vocabulary: {} ids cover {:.2}% of the training tokens",
+            ids.len(),
+            100.0 * cover
+        );
+        spec.vocab = ids.len() + 1;
+        Some((ids, vocab))
+    } else {
+        None
+    };
     eprintln!(
         "{} train / {} held-out tokens",
         corpus.train.len(),
@@ -188,6 +205,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         tokenizer,
         batch: opts.batch,
         seq_len: 128,
+        reduced_vocab,
     };
     let st = train_with(spec, opts, out, a.resume, false, &mut data)?;
     report(&st);

@@ -17,6 +17,22 @@ fn load(name: &str) -> Model {
     Model::load(&p.join(name), &LoadOptions::default()).unwrap()
 }
 
+/// Target-only greedy decoding (the reference every speculative run must equal).
+fn greedy(target: &Model, lane: &Lane, prompt: &[u32], n: usize) -> llada_decode::GenerateOutput {
+    generate(
+        target,
+        lane,
+        prompt,
+        &GenerateConfig {
+            max_tokens: n,
+            stop_at_eos: false,
+            ..Default::default()
+        },
+        |_| true,
+    )
+    .unwrap()
+}
+
 fn shapes() -> Vec<TreeShape> {
     vec![
         TreeShape::Chain { n: 6, p_min: 0.0 },
@@ -42,18 +58,7 @@ fn greedy_is_identical_to_target_alone() {
         let prompt: Vec<u32> = (0..5 + seed)
             .map(|i| 3 + (i * 7 + seed * 13) % 90)
             .collect();
-        let reference = generate(
-            &target,
-            &lane,
-            &prompt,
-            &GenerateConfig {
-                max_tokens: 20,
-                stop_at_eos: false,
-                ..Default::default()
-            },
-            |_| true,
-        )
-        .unwrap();
+        let reference = greedy(&target, &lane, &prompt, 20);
         for shape in shapes() {
             let drafters: Vec<Box<dyn Drafter + '_>> = vec![
                 Box::new(NgramDrafter),
@@ -72,6 +77,8 @@ fn greedy_is_identical_to_target_alone() {
                         sampling: SamplingParams::default(),
                         shape: shape.clone(),
                         stop_ids: vec![],
+                        exit: None,
+                        probe_log: None,
                     },
                 )
                 .unwrap();
@@ -99,6 +106,8 @@ fn greedy_is_identical_to_target_alone() {
             sampling: SamplingParams::default(),
             shape: TreeShape::Chain { n: 6, p_min: 0.0 },
             stop_ids: vec![],
+            exit: None,
+            probe_log: None,
         },
     )
     .unwrap();
@@ -158,6 +167,8 @@ fn sampling_follows_the_target_distribution() {
                     sampling: params(seed),
                     shape: shape.clone(),
                     stop_ids: vec![],
+                    exit: None,
+                    probe_log: None,
                 },
             )
             .unwrap();
@@ -246,4 +257,187 @@ fn async_pipeline_is_lossless() {
             }
         }
     }
+}
+
+/// An early-exit probe of fixed weights (lens score only) and a chosen threshold.
+fn lens_probe(layer: usize, threshold: f32) -> llada_decode::speculative::prune::ExitProbe {
+    use llada_decode::speculative::prune::{ExitProbe, NF};
+    ExitProbe {
+        layer,
+        mean: [0.0; NF],
+        std: [1.0; NF],
+        w: [1.0, 0.0, 0.0, 0.0],
+        b: 0.0,
+        threshold,
+        target_recall: 0.99,
+        heldout_recall: 1.0,
+        heldout_pruned: 0.0,
+        fit_samples: 0,
+        heldout_samples: 0,
+    }
+}
+
+/// Early-exit pruning never changes the output: greedy stays identical to target-only greedy
+/// for every tree shape whatever the probe prunes (nothing, some, everything).
+#[test]
+fn early_exit_pruning_is_lossless() {
+    let target = load("hf-llama");
+    let other = load("hf-qwen2");
+    let lane = Lane::new("dense", 1).unwrap();
+    let mut pruned_some = false;
+    for seed in 0..3u32 {
+        let prompt: Vec<u32> = (0..6 + seed)
+            .map(|i| 3 + (i * 11 + seed * 5) % 90)
+            .collect();
+        let reference = greedy(&target, &lane, &prompt, 16);
+        for shape in shapes() {
+            for (threshold, draft) in [
+                (f32::NEG_INFINITY, &other),
+                (0.0, &other),
+                (0.0, &target),
+                (f32::INFINITY, &target),
+            ] {
+                let mut d = ModelDrafter::new(draft, &lane, 0.0);
+                let out = spec_generate(
+                    &target,
+                    &lane,
+                    None,
+                    &mut d,
+                    &prompt,
+                    &SpecConfig {
+                        max_tokens: 16,
+                        sampling: SamplingParams::default(),
+                        shape: shape.clone(),
+                        stop_ids: vec![],
+                        exit: Some(lens_probe(0, threshold)),
+                        probe_log: None,
+                    },
+                )
+                .unwrap();
+                assert_eq!(
+                    out.tokens, reference.tokens,
+                    "{shape:?} threshold {threshold}"
+                );
+                if threshold == f32::INFINITY {
+                    assert_eq!(out.accepted, 0);
+                    assert_eq!(out.pruned_nodes, out.tree_nodes);
+                }
+                if threshold == f32::NEG_INFINITY {
+                    assert_eq!(out.pruned_nodes, 0);
+                }
+                pruned_some |= threshold == 0.0 && out.pruned_nodes > 0 && out.accepted > 0;
+            }
+        }
+    }
+    assert!(
+        pruned_some,
+        "a middle threshold prunes some nodes and keeps others"
+    );
+    // Sampling paths (tree sampling, chain rejection) run with pruning too.
+    for shape in shapes() {
+        let mut d = ModelDrafter::new(&other, &lane, 1.0);
+        let out = spec_generate(
+            &target,
+            &lane,
+            None,
+            &mut d,
+            &[4, 8, 15],
+            &SpecConfig {
+                max_tokens: 12,
+                sampling: SamplingParams {
+                    temperature: 1.0,
+                    seed: 3,
+                    ..Default::default()
+                },
+                shape,
+                stop_ids: vec![],
+                exit: Some(lens_probe(0, 0.0)),
+                probe_log: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(out.tokens.len(), 12);
+    }
+}
+
+/// Rows that leave a tree batch early do not disturb the others: the kept rows' logits equal
+/// a plain forward over the kept subtree alone.
+#[test]
+fn early_exit_rows_leave_without_side_effects() {
+    use llada_model::EarlyExit;
+    let m = load("hf-llama");
+    let prefix: Vec<u32> = vec![5, 17, 33, 2, 60];
+    // Tree over the prefix: root r (row 0) with children a (1), b (2); a has child c (3).
+    let parent = [usize::MAX, 0, 0, 1];
+    let toks = [40u32, 41, 42, 43];
+    let n = 4;
+    let mut mask = vec![false; n * n];
+    for i in 0..n {
+        let mut j = i;
+        loop {
+            mask[i * n + j] = true;
+            if j == 0 {
+                break;
+            }
+            j = parent[j];
+        }
+    }
+    let base = prefix.len() as u32;
+    let depth = [0u32, 1, 1, 2];
+    let pos: Vec<u32> = depth.iter().map(|d| base + d).collect();
+    let run = |rows: &[usize], exit: Option<&EarlyExit>| {
+        let mut cache = m.new_cache();
+        let ppos: Vec<u32> = (0..base).collect();
+        m.forward(&ForwardRequest::causal_append(&prefix, &ppos), &mut cache)
+            .unwrap();
+        let k = rows.len();
+        let sub: Vec<bool> = rows
+            .iter()
+            .flat_map(|&a| rows.iter().map(move |&b| (a, b)))
+            .map(|(a, b)| mask[a * n + b])
+            .collect();
+        let t: Vec<u32> = rows.iter().map(|&r| toks[r]).collect();
+        let p: Vec<u32> = rows.iter().map(|&r| pos[r]).collect();
+        let slots: Vec<Option<usize>> = (0..k).map(|i| Some(base as usize + i)).collect();
+        m.forward_with_exit(
+            &ForwardRequest {
+                tokens: &t,
+                positions: &p,
+                mask: AttnMask::Explicit(&sub),
+                kv_write: KvWrite::Slots(&slots),
+                logits: LogitRows::All,
+            },
+            &mut cache,
+            exit,
+        )
+        .unwrap()
+    };
+    // Drop node b (row 2) after layer 0.
+    let keep = |_h: &[f32], alive: &[usize]| alive.iter().map(|&r| r != 2).collect::<Vec<_>>();
+    let pruned = run(
+        &[0, 1, 2, 3],
+        Some(&EarlyExit {
+            layer: 0,
+            keep: &keep,
+        }),
+    );
+    assert_eq!(pruned.rows, vec![0, 1, 3]);
+    let alone = run(&[0, 1, 3], None);
+    for (i, want) in [0usize, 1, 2].iter().enumerate() {
+        let (a, b) = (pruned.row(i), alone.row(*want));
+        let err = a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs()));
+        assert!(err < 1e-4, "row {i}: {err}");
+    }
+    // Keeping nothing is an error, not a panic.
+    let none = |_h: &[f32], alive: &[usize]| vec![false; alive.len()];
+    let mut cache = m.new_cache();
+    let bad = m.forward_with_exit(
+        &ForwardRequest::causal_append(&prefix, &(0..base).collect::<Vec<_>>()),
+        &mut cache,
+        Some(&EarlyExit {
+            layer: 0,
+            keep: &none,
+        }),
+    );
+    assert!(bad.is_err());
 }

@@ -54,9 +54,17 @@ pub struct ModelConfig {
     pub mask_id: Option<u32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
+    /// Reduced vocabulary (small drafts; HF `config.json` field `reduced_vocab_ids`): embedding
+    /// and LM-head row `r` hold token `vocab_ids[r]`; every other token id shares one extra
+    /// embedding row (the last) and gets no logit. `vocab` stays the size of the id space.
+    pub vocab_ids: Option<Vec<u32>>,
 }
 
 impl ModelConfig {
+    /// Rows of the embedding / LM-head tensors (`vocab`, or the reduced set plus the shared row).
+    pub fn embedding_rows(&self) -> usize {
+        self.vocab_ids.as_ref().map_or(self.vocab, |v| v.len() + 1)
+    }
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
@@ -75,7 +83,7 @@ impl ModelConfig {
             } else {
                 0
             };
-        let emb = self.vocab as u64 * d;
+        let emb = self.embedding_rows() as u64 * d;
         per_layer * self.n_layers as u64 + emb + if self.tied_embeddings { 0 } else { emb } + d
     }
 
@@ -108,6 +116,23 @@ impl ModelConfig {
         }
         if self.max_ctx == 0 {
             return Err(bad("context length is 0".into()));
+        }
+        if let Some(ids) = &self.vocab_ids {
+            let mut seen = vec![false; self.vocab];
+            for &t in ids {
+                let slot = seen.get_mut(t as usize).ok_or_else(|| {
+                    bad(format!(
+                        "reduced_vocab_ids holds {t}, outside the vocabulary of {}",
+                        self.vocab
+                    ))
+                })?;
+                if std::mem::replace(slot, true) {
+                    return Err(bad(format!("reduced_vocab_ids lists {t} twice")));
+                }
+            }
+            if ids.is_empty() {
+                return Err(bad("reduced_vocab_ids is empty".into()));
+            }
         }
         let ok = self.rms_eps > 0.0 && self.rms_eps < 1.0 && self.rope_theta > 1.0;
         if !ok {
@@ -183,6 +208,7 @@ impl ModelConfig {
             mask_id: id("tokenizer.ggml.mask_token_id"),
             bos_id: id("tokenizer.ggml.bos_token_id"),
             eos_id: id("tokenizer.ggml.eos_token_id"),
+            vocab_ids: None,
         };
         cfg.validate(&g.path)
     }
@@ -221,6 +247,24 @@ impl ModelConfig {
         };
         let opt_u = |key: &str| cfg.get(key).and_then(J::as_u64);
         let opt_f = |key: &str| cfg.get(key).and_then(J::as_f64);
+        let vocab_ids: Option<Vec<u32>> = match cfg.get("reduced_vocab_ids") {
+            None | Some(J::Null) => None,
+            Some(v) => Some(
+                v.as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                            .collect::<Option<Vec<u32>>>()
+                    })
+                    .ok_or_else(|| {
+                        FormatError::metadata(
+                            path,
+                            "reduced_vocab_ids",
+                            " is not a list of token ids",
+                        )
+                    })?,
+            ),
+        };
         let c = if arch == Arch::LLaDA {
             let d_model = get("d_model")?;
             let n_heads = get("n_heads")?;
@@ -252,6 +296,7 @@ impl ModelConfig {
                 mask_id: Some(opt_u("mask_token_id").unwrap_or(126336) as u32),
                 bos_id: opt_u("bos_token_id").map(|v| v as u32),
                 eos_id: opt_u("eos_token_id").map(|v| v as u32),
+                vocab_ids: vocab_ids.clone(),
             }
         } else {
             let d_model = get("hidden_size")?;
@@ -281,6 +326,7 @@ impl ModelConfig {
                 mask_id: opt_u("mask_token_id").map(|v| v as u32),
                 bos_id: opt_u("bos_token_id").map(|v| v as u32),
                 eos_id: opt_u("eos_token_id").map(|v| v as u32),
+                vocab_ids: vocab_ids.clone(),
             }
         };
         c.validate(path)

@@ -86,6 +86,16 @@ impl<'a> ForwardRequest<'a> {
     }
 }
 
+/// Early exit for [`Model::forward_with_exit`].
+pub struct EarlyExit<'a> {
+    /// Layer (0-based) after which rows may leave the batch.
+    pub layer: usize,
+    /// `keep(hidden, alive)`: `hidden` is `alive.len() × d_model`, the residual stream after
+    /// `layer`; `alive[i]` is the original batch index of row `i`. One flag per row.
+    #[allow(clippy::type_complexity)]
+    pub keep: &'a (dyn Fn(&[f32], &[usize]) -> Vec<bool> + Sync),
+}
+
 /// Logits of the requested rows.
 #[derive(Debug, Clone)]
 pub struct ForwardOutput {
@@ -153,6 +163,21 @@ impl Model {
         req: &ForwardRequest,
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, ModelError> {
+        self.forward_with_exit(req, cache, None)
+    }
+
+    /// [`Model::forward`] with early exit: after layer `exit.layer`, `exit.keep` sees the hidden
+    /// states of the live rows and the rows it rejects leave the batch — no further layers, no
+    /// logits (absent from [`ForwardOutput::rows`]), and their cache slots hold K/V only up to
+    /// that layer (the caller rolls them back). The caller keeps the batch consistent: a row
+    /// that others attend to must not leave while they stay (tree verification drops whole
+    /// subtrees).
+    pub fn forward_with_exit(
+        &self,
+        req: &ForwardRequest,
+        cache: &mut KvCache,
+        exit: Option<&EarlyExit>,
+    ) -> Result<ForwardOutput, ModelError> {
         let c = &self.config;
         let w = &self.weights;
         let n = req.tokens.len();
@@ -186,7 +211,7 @@ impl Model {
                 "KV cache shape does not match the model".into(),
             ));
         }
-        let logit_rows: Vec<usize> = match req.logits {
+        let mut logit_rows: Vec<usize> = match req.logits {
             LogitRows::None => vec![],
             LogitRows::All => (0..n).collect(),
             LogitRows::Last => vec![n - 1],
@@ -208,7 +233,7 @@ impl Model {
         }
         // Where each row's K/V goes (validated before the cache is touched).
         let old_len = cache.len();
-        let slots: Vec<Option<usize>> = match req.kv_write {
+        let mut slots: Vec<Option<usize>> = match req.kv_write {
             KvWrite::None => vec![None; n],
             KvWrite::Append => (0..n).map(|i| Some(old_len + i)).collect(),
             KvWrite::Slots(s) => {
@@ -234,7 +259,15 @@ impl Model {
         Tracer::global().next_pass();
         let (d, hd, nh, nkv) = (c.d_model, c.head_dim, c.n_heads, c.n_kv_heads);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let all_rows: Vec<usize> = (0..n).collect();
+        let mut all_rows: Vec<usize> = (0..n).collect();
+        // Early exit shrinks the batch: the live rows' original indices, positions and mask.
+        let mut n = n;
+        let mut alive: Vec<usize> = (0..n).collect();
+        let mut positions: Vec<u32> = req.positions.to_vec();
+        let mut emask: Option<Vec<bool>> = match req.mask {
+            AttnMask::Explicit(m) => Some(m.to_vec()),
+            _ => None,
+        };
 
         let mut x = vec![0f32; n * d];
         {
@@ -245,14 +278,15 @@ impl Model {
                     0,
                 );
             for (row, &t) in x.chunks_exact_mut(d).zip(req.tokens) {
-                w.embed.lookup(t, row)?;
+                let r = w.vocab_map.as_ref().map_or(t, |m| m.row(t));
+                w.embed.lookup(r, row)?;
             }
         }
         // RoPE tables for the batch positions (angles in f64).
         let half = hd / 2;
         let mut cos = vec![0f32; n * half];
         let mut sin = vec![0f32; n * half];
-        for (r, &p) in req.positions.iter().enumerate() {
+        for (r, &p) in positions.iter().enumerate() {
             for i in 0..half {
                 let inv = c.rope_theta.powf(-2.0 * i as f64 / hd as f64);
                 let a = p as f64 * inv;
@@ -333,8 +367,11 @@ impl Model {
                         (n * qd * 4) as u64,
                         (4 * n * visible_keys * qd) as u64,
                     );
-                    let mask = req.mask;
-                    let positions = req.positions;
+                    let mask = match &emask {
+                        Some(m) => AttnMask::Explicit(m),
+                        None => req.mask,
+                    };
+                    let positions = &positions;
                     let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
                     // One task per (row, KV group): the group's query heads share every key/value
                     // row they read (GQA), and the visible-key list is built once.
@@ -391,7 +428,7 @@ impl Model {
                         cache.write(
                             li,
                             s,
-                            req.positions[i],
+                            positions[i],
                             &k[i * kvd..(i + 1) * kvd],
                             &v[i * kvd..(i + 1) * kvd],
                         );
@@ -424,6 +461,49 @@ impl Model {
                 let mut gq = None;
                 let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
                 x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+                if let Some(e) = exit.filter(|e| e.layer == li) {
+                    let keep = (e.keep)(&x, &alive);
+                    if keep.len() != n || !keep.iter().any(|k| *k) {
+                        return Err(ModelError::BadRequest(format!(
+                            "early exit must keep at least one of {n} rows (got {} flags)",
+                            keep.len()
+                        )));
+                    }
+                    if keep.iter().any(|k| !k) {
+                        let idx: Vec<usize> = (0..n).filter(|&i| keep[i]).collect();
+                        let _s =
+                            OpSpan::begin("early_exit", l, &[n as u64, idx.len() as u64], "F32");
+                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
+                            idx.iter()
+                                .flat_map(|&i| v[i * w..(i + 1) * w].iter().copied())
+                                .collect()
+                        };
+                        x = pick(&x, d);
+                        cos = pick(&cos, half);
+                        sin = pick(&sin, half);
+                        positions = idx.iter().map(|&i| positions[i]).collect();
+                        slots = idx.iter().map(|&i| slots[i]).collect();
+                        if let Some(m) = &emask {
+                            emask = Some(
+                                idx.iter()
+                                    .flat_map(|&a| idx.iter().map(move |&b| m[a * n + b]))
+                                    .collect(),
+                            );
+                        }
+                        let mut local = vec![usize::MAX; n];
+                        for (new, &old) in idx.iter().enumerate() {
+                            local[old] = new;
+                        }
+                        logit_rows = logit_rows
+                            .iter()
+                            .map(|&r| local[r])
+                            .filter(|&r| r != usize::MAX)
+                            .collect();
+                        alive = idx.iter().map(|&i| alive[i]).collect();
+                        n = idx.len();
+                        all_rows = (0..n).collect();
+                    }
+                }
             }
 
             let vocab = c.vocab;
@@ -444,19 +524,59 @@ impl Model {
                     vocab,
                 });
             }
+            let out_rows: Vec<usize> = logit_rows.iter().map(|&r| alive[r]).collect();
             let head = match (&w.lm_head, &staged_head) {
                 (Some(h), _) | (None, Some(h)) => h,
                 (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
             };
             let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
             let mut hq = None;
-            let logits = head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
+            let mut logits = head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
+            if let Some(m) = &w.vocab_map {
+                logits = m.scatter(&logits, vocab);
+            }
             Ok(ForwardOutput {
                 logits,
-                rows: logit_rows,
+                rows: out_rows,
                 vocab,
             })
         })
+    }
+
+    /// Logit-lens scores of `toks` from one residual-stream row `h` (any layer): the final
+    /// RMSNorm, then the dot product with each token's embedding row — the model's exact logit
+    /// when the head is tied to the embedding, a proxy otherwise. `d` MACs per token.
+    pub fn lens_logits(&self, h: &[f32], toks: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let w = &self.weights;
+        if h.len() != c.d_model {
+            return Err(ModelError::BadRequest(format!(
+                "hidden row of {} values, model width {}",
+                h.len(),
+                c.d_model
+            )));
+        }
+        let ss: f64 = h.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        let inv = (1.0 / ((ss / c.d_model as f64) + c.rms_eps).sqrt()) as f32;
+        let hn: Vec<f32> = h
+            .iter()
+            .zip(&w.final_norm)
+            .map(|(v, g)| v * inv * g)
+            .collect();
+        let mut e = vec![0f32; c.d_model];
+        toks.iter()
+            .map(|&t| {
+                if t as usize >= c.vocab {
+                    return Err(ModelError::BadToken {
+                        id: t,
+                        vocab: c.vocab,
+                    });
+                }
+                let r = w.vocab_map.as_ref().map_or(t, |m| m.row(t));
+                w.embed.lookup(r, &mut e)?;
+                Ok(dot(&hn, &e))
+            })
+            .collect()
     }
 
     /// A KV cache sized for this model's context.

@@ -12,7 +12,7 @@ pub mod store;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use forward::{AttnMask, ForwardOutput, ForwardRequest, KvWrite, LogitRows};
+pub use forward::{AttnMask, EarlyExit, ForwardOutput, ForwardRequest, KvWrite, LogitRows};
 pub use load::{LoadOptions, Model};
 
 /// Errors from loading or running a model.

@@ -140,7 +140,7 @@ impl Recipe {
     pub fn build_head(&self, c: &ModelConfig) -> Result<Linear, ModelError> {
         let (name, _) = self.head(c);
         let v = self.src.require(name)?;
-        v.expect_shape(&[c.vocab, c.d_model])?;
+        v.expect_shape(&[c.embedding_rows(), c.d_model])?;
         Linear::from_view(&v, self.quant)
     }
     /// Build layer `i` (reads and repacks its tensors).
@@ -397,7 +397,7 @@ impl Model {
         };
         let (emb, norm, _) = scheme.globals();
         let embed_view = src.require(emb)?;
-        embed_view.expect_shape(&[c.vocab, d])?;
+        embed_view.expect_shape(&[c.embedding_rows(), d])?;
         let recipe = Recipe {
             src: src.clone(),
             scheme,
@@ -445,6 +445,10 @@ impl Model {
         };
         let weights = Weights {
             embed: Embedding::new(embed_view),
+            vocab_map: c
+                .vocab_ids
+                .clone()
+                .map(|ids| crate::weights::VocabMap::new(ids, c.vocab)),
             layers,
             final_norm: vec1(&*src, norm, d)?,
             lm_head,

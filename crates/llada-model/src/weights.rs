@@ -227,6 +227,50 @@ impl Projection {
 }
 
 /// The token embedding table, read row by row in its stored type.
+/// A reduced vocabulary: embedding / head row `r` is token `ids[r]`; all other tokens share the
+/// last embedding row, and their logits are [`VocabMap::NO_LOGIT`] (probability 0 after softmax,
+/// finite so `p · log p` stays 0).
+#[derive(Debug, Clone)]
+pub struct VocabMap {
+    pub ids: Vec<u32>,
+    row_of: Vec<u32>,
+}
+
+impl VocabMap {
+    pub const NO_LOGIT: f32 = -1e30;
+    /// `ids` must be distinct and `< vocab` (checked by the config).
+    pub fn new(ids: Vec<u32>, vocab: usize) -> Self {
+        let other = ids.len() as u32;
+        let mut row_of = vec![other; vocab];
+        for (r, &t) in ids.iter().enumerate() {
+            if let Some(slot) = row_of.get_mut(t as usize) {
+                *slot = r as u32;
+            }
+        }
+        Self { ids, row_of }
+    }
+    /// The embedding row of token `t` (`t < vocab`).
+    pub fn row(&self, t: u32) -> u32 {
+        self.row_of
+            .get(t as usize)
+            .copied()
+            .unwrap_or(self.ids.len() as u32)
+    }
+    /// Scatter `rows × (K + 1)` head outputs into `rows × vocab` logits (the shared row's logit
+    /// is dropped).
+    pub fn scatter(&self, small: &[f32], vocab: usize) -> Vec<f32> {
+        let k1 = self.ids.len() + 1;
+        let n = small.len() / k1;
+        let mut out = vec![Self::NO_LOGIT; n * vocab];
+        for (dst, src) in out.chunks_exact_mut(vocab).zip(small.chunks_exact(k1)) {
+            for (&t, &v) in self.ids.iter().zip(src) {
+                dst[t as usize] = v;
+            }
+        }
+        out
+    }
+}
+
 pub struct Embedding {
     view: TensorView,
     row_bytes: usize,
@@ -300,6 +344,8 @@ impl Layer {
 /// All weights of a model.
 pub struct Weights {
     pub embed: Embedding,
+    /// Reduced vocabulary (see [`ModelConfig::vocab_ids`](crate::ModelConfig)).
+    pub vocab_map: Option<VocabMap>,
     /// `None`: streamed from the file for every pass (memory budget; see `store`).
     pub layers: Vec<Option<Layer>>,
     pub final_norm: Vec<f32>,

@@ -83,6 +83,32 @@ impl Corpus {
     }
 }
 
+/// Reduce the corpus to its `k` most frequent training ids (ties by id): returns the ids (row
+/// order) and the fraction of training tokens they cover, and rewrites both streams to row
+/// indices, every other id becoming row `k` (the shared "other" row).
+pub fn reduce_vocab(corpus: &mut Corpus, vocab: usize, k: usize) -> (Vec<u32>, f64) {
+    let mut count = vec![0u64; vocab];
+    for &t in &corpus.train {
+        if let Some(c) = count.get_mut(t as usize) {
+            *c += 1;
+        }
+    }
+    let mut order: Vec<u32> = (0..vocab as u32).collect();
+    order.sort_by_key(|&t| (std::cmp::Reverse(count[t as usize]), t));
+    order.truncate(k.min(vocab));
+    let covered: u64 = order.iter().map(|&t| count[t as usize]).sum();
+    let mut row = vec![order.len() as u32; vocab];
+    for (r, &t) in order.iter().enumerate() {
+        row[t as usize] = r as u32;
+    }
+    for s in [&mut corpus.train, &mut corpus.heldout] {
+        for t in s.iter_mut() {
+            *t = row.get(*t as usize).copied().unwrap_or(order.len() as u32);
+        }
+    }
+    (order, covered as f64 / corpus.train.len().max(1) as f64)
+}
+
 /// Masked-diffusion pretraining batch: every position masked with probability `t` (at least
 /// one), weight `1 / (t · T)`.
 pub fn pretrain_batch(
@@ -154,6 +180,19 @@ mod tests {
             assert!(t > 0.0 && t <= 1.0 + 1e-5);
             assert!((0..64).all(|i| (r[i] == 999) == (wr[i] > 0.0)));
         }
+    }
+
+    #[test]
+    fn reduce_vocab_keeps_the_most_frequent_ids() {
+        let mut c = Corpus {
+            train: vec![5, 5, 5, 7, 7, 1, 9],
+            heldout: vec![7, 3, 5],
+        };
+        let (ids, cover) = reduce_vocab(&mut c, 10, 2);
+        assert_eq!(ids, vec![5, 7]);
+        assert!((cover - 5.0 / 7.0).abs() < 1e-12);
+        assert_eq!(c.train, vec![0, 0, 0, 1, 1, 2, 2]);
+        assert_eq!(c.heldout, vec![1, 2, 0]);
     }
 
     #[test]

@@ -165,6 +165,10 @@ pub struct ProseData {
     pub tokenizer: tokenizers::Tokenizer,
     pub batch: usize,
     pub seq_len: usize,
+    /// Reduced vocabulary `(ids, full vocabulary size)`: the corpus already holds row indices
+    /// ([`crate::prose::reduce_vocab`]); the saved `config.json` gets `vocab_size` = the full id
+    /// space and `reduced_vocab_ids` = `ids`, which the engine's loader understands.
+    pub reduced_vocab: Option<(Vec<u32>, usize)>,
 }
 
 impl DataSource for ProseData {
@@ -202,6 +206,14 @@ impl DataSource for ProseData {
             dir.join("tokenizer_config.json"),
             serde_json::to_string_pretty(&tcfg)?,
         )?;
+        if let Some((ids, vocab)) = &self.reduced_vocab {
+            let path = dir.join("config.json");
+            let mut cfg: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            cfg["vocab_size"] = serde_json::json!(vocab);
+            cfg["reduced_vocab_ids"] = serde_json::json!(ids);
+            std::fs::write(&path, serde_json::to_string(&cfg)?)?;
+        }
         Ok(())
     }
 }

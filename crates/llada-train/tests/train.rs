@@ -282,3 +282,78 @@ fn gradients_match_finite_differences() {
         );
     }
 }
+
+/// A reduced-vocabulary draft (embedding and head over the K most frequent ids plus one shared
+/// row) loads through the engine: in-set ids get the training model's logits, the others none,
+/// and out-of-set input ids read the shared row.
+#[test]
+fn reduced_vocabulary_checkpoint_round_trips() {
+    use llada_train::prose::{reduce_vocab, train_bpe, Corpus};
+    use llada_train::trainer::ProseData;
+    let dev = Device::Cpu;
+    let dir = std::env::temp_dir().join(format!("llada-train-rv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("t.txt");
+    std::fs::write(
+        &text,
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.\nIn the beginning God created the heaven and the earth.\n".repeat(40),
+    )
+    .unwrap();
+    let tok = train_bpe(&[&text], 300).unwrap();
+    let vocab = tok.get_vocab_size(true);
+    let mut corpus = Corpus::load(&[&text], &tok, 0).unwrap();
+    let k = 16;
+    let (ids, cover) = reduce_vocab(&mut corpus, vocab, k);
+    assert!(cover > 0.0 && cover < 1.0);
+    let mut s = spec(Format::Llama);
+    s.vocab = k + 1;
+    let model = TrainModel::new(s, &dev).unwrap();
+    let out = dir.join("draft");
+    let data = ProseData {
+        corpus,
+        tokenizer: tok,
+        batch: 1,
+        seq_len: 8,
+        reduced_vocab: Some((ids.clone(), vocab)),
+    };
+    save_with(&model, &data, &out).unwrap();
+    let loaded = Model::load(&out, &LoadOptions::default()).unwrap();
+    assert_eq!(loaded.config.vocab, vocab);
+    assert_eq!(loaded.config.vocab_ids.as_deref(), Some(&ids[..]));
+    // Input: three in-set ids and one id outside the set.
+    let outside = (0..vocab as u32).find(|t| !ids.contains(t)).unwrap();
+    let tokens = vec![ids[3], ids[0], outside, ids[7]];
+    let rows: Vec<u32> = vec![3, 0, k as u32, 7];
+    let positions: Vec<u32> = (0..4).collect();
+    let mut cache = loaded.new_cache();
+    let ours = loaded
+        .forward(
+            &ForwardRequest {
+                tokens: &tokens,
+                positions: &positions,
+                mask: AttnMask::Causal,
+                kv_write: KvWrite::None,
+                logits: LogitRows::All,
+            },
+            &mut cache,
+        )
+        .unwrap();
+    assert_eq!(ours.vocab, vocab);
+    let t = Tensor::from_vec(rows, (1, 4), &dev).unwrap();
+    let reference: Vec<Vec<f32>> = model
+        .forward(&t, true)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    for (i, r) in reference.iter().enumerate() {
+        let row = ours.row(i);
+        for (j, &id) in ids.iter().enumerate() {
+            assert!((row[id as usize] - r[j]).abs() < 1e-4, "pos {i} id {id}");
+        }
+        let in_set = row.iter().filter(|&&x| x > -1e29).count();
+        assert_eq!(in_set, k, "only the reduced ids get logits");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

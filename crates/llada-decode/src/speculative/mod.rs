@@ -11,6 +11,7 @@
 pub mod accept;
 pub mod ahasd;
 pub mod drafter;
+pub mod prune;
 pub mod tree;
 
 use crate::sampling::Sampler;
@@ -20,6 +21,7 @@ use drafter::{grow, Drafter, TreeShape};
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
 use llada_runtime::Lane;
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tree::{Calibration, CostModel};
 
@@ -31,6 +33,11 @@ pub struct SpecConfig {
     pub shape: TreeShape,
     /// Stop after any of these ids (emitted, then generation ends).
     pub stop_ids: Vec<u32>,
+    /// Early-exit verification pruning ([`prune`]).
+    pub exit: Option<prune::ExitProbe>,
+    /// Calibration: record every node's probe features after layer `.0` and its greedy label
+    /// into `.1` (`llada train-probe`).
+    pub probe_log: Option<(usize, Arc<Mutex<prune::ProbeData>>)>,
 }
 
 /// Result and statistics of a speculative generation.
@@ -43,6 +50,11 @@ pub struct SpecOutput {
     pub accepted: usize,
     /// Tree nodes verified over all passes.
     pub tree_nodes: usize,
+    /// Early exit: tree nodes pruned, and layer-rows skipped out of all layer-rows verified
+    /// (the compute saved).
+    pub pruned_nodes: usize,
+    pub layer_rows_saved: usize,
+    pub layer_rows_total: usize,
     pub draft_s: f64,
     pub verify_s: f64,
     pub prefill_s: f64,
@@ -117,14 +129,7 @@ pub fn generate(
             let keep: Vec<usize> = (0..tree.len())
                 .filter(|&i| tree.depth[i] as usize <= room)
                 .collect();
-            let mut t2 = tree::DraftTree::default();
-            let mut map = vec![usize::MAX; tree.len()];
-            for &i in &keep {
-                let p = tree.parent[i].map(|p| map[p]);
-                map[i] = t2.push(p, tree.tokens[i], tree.q[i], 1.0);
-                t2.path_prob[map[i]] = tree.path_prob[i];
-            }
-            tree = t2;
+            tree = tree.subtree(&keep);
         }
         out.draft_s += td.elapsed().as_secs_f64();
 
@@ -138,17 +143,43 @@ pub fn generate(
             .collect();
         let mask = tree.attention_mask();
         let slots: Vec<Option<usize>> = (0..n).map(|r| Some(base + r)).collect();
-        let vout = dense.run(|| {
-            target.forward(
-                &ForwardRequest {
-                    tokens: &toks,
-                    positions: &pos,
-                    mask: AttnMask::Explicit(&mask),
-                    kv_write: KvWrite::Slots(&slots),
-                    logits: LogitRows::All,
-                },
+        let req = ForwardRequest {
+            tokens: &toks,
+            positions: &pos,
+            mask: AttnMask::Explicit(&mask),
+            kv_write: KvWrite::Slots(&slots),
+            logits: LogitRows::All,
+        };
+        let exit_layer = cfg
+            .exit
+            .as_ref()
+            .map(|p| p.layer)
+            .or(cfg.probe_log.as_ref().map(|l| l.0));
+        let feats: Mutex<Option<Vec<[f32; prune::NF]>>> = Mutex::new(None);
+        let keep_fn = |h: &[f32], _alive: &[usize]| -> Vec<bool> {
+            // A feature failure (cannot happen for in-vocabulary trees) keeps every node.
+            let Ok(f) = prune::features(target, h, &tree) else {
+                return vec![true; n];
+            };
+            let keep = match &cfg.exit {
+                Some(p) => p.keep(&f, &tree),
+                None => vec![true; n],
+            };
+            if let Ok(mut g) = feats.lock() {
+                *g = Some(f);
+            }
+            keep
+        };
+        let vout = dense.run(|| match exit_layer {
+            Some(layer) if !tree.is_empty() => target.forward_with_exit(
+                &req,
                 &mut cache,
-            )
+                Some(&llada_model::EarlyExit {
+                    layer,
+                    keep: &keep_fn,
+                }),
+            ),
+            _ => target.forward(&req, &mut cache),
         })?;
         let verify_time = tv.elapsed().as_secs_f64();
         out.verify_s += verify_time;
@@ -158,13 +189,49 @@ pub fn generate(
         if fit.len() >= 4 {
             cost = refit(&fit, cost);
         }
+        // Logits row of each batch row (None: pruned by early exit).
+        let mut vrow: Vec<Option<usize>> = vec![None; n];
+        for (i, &r) in vout.rows.iter().enumerate() {
+            vrow[r] = Some(i);
+        }
+        let argmax_of = |r: usize| vrow[r].map(|i| crate::sampling::argmax(vout.row(i)));
+        if let (Some((_, log)), Ok(Some(f))) = (&cfg.probe_log, feats.lock().map(|mut g| g.take()))
+        {
+            if let Ok(mut log) = log.lock() {
+                for (j, fj) in f.into_iter().enumerate() {
+                    if let Some(a) = argmax_of(tree.parent[j].map_or(0, |p| p + 1)) {
+                        log.x.push(fj);
+                        log.y.push(a == tree.tokens[j]);
+                    }
+                }
+            }
+        }
+        // Pruned nodes are treated as never drafted: verify the kept subtree (`orig[j]`: the
+        // original index of its node j).
+        let orig: Vec<usize> = (0..tree.len()).filter(|&j| vrow[j + 1].is_some()).collect();
+        if orig.len() < tree.len() {
+            let pruned = tree.len() - orig.len();
+            out.pruned_nodes += pruned;
+            let layer = exit_layer.unwrap_or(0);
+            out.layer_rows_saved += pruned * (target.config.n_layers - layer - 1);
+            if chain_rejection {
+                q_full.truncate(orig.len());
+            }
+            tree = tree.subtree(&orig);
+        }
+        out.layer_rows_total += n * target.config.n_layers;
+        let vrow: Vec<usize> = std::iter::once(0)
+            .chain(orig.iter().map(|&j| j + 1))
+            .map(|r| vrow[r].unwrap_or(0))
+            .collect();
+        let row = |r: usize| vout.row(vrow[r]);
 
         // Final selection (vocabulary-wide) on the sparse lane.
         let select = || -> Accepted {
             if greedy {
-                accept::greedy(&tree, |r| vout.row(r))
+                accept::greedy(&tree, row)
             } else if chain_rejection {
-                let p = |r: usize| sampler.distribution(vout.row(r));
+                let p = |r: usize| sampler.distribution(row(r));
                 let mut s2 = Sampler::new(SamplingParams {
                     seed: cfg
                         .sampling
@@ -174,7 +241,7 @@ pub fn generate(
                 });
                 accept::chain_rejection(&tree, p, |j| q_full[j].clone(), &mut s2)
             } else {
-                let p = |r: usize| sampler.distribution(vout.row(r));
+                let p = |r: usize| sampler.distribution(row(r));
                 let mut s2 = Sampler::new(SamplingParams {
                     seed: cfg
                         .sampling
@@ -204,7 +271,7 @@ pub fn generate(
         }
         // KV rollback: keep the root and the accepted path, compacted, drop the rest.
         for (k, &j) in acc.path.iter().enumerate() {
-            cache.move_slot(base + 1 + j, base + 1 + k);
+            cache.move_slot(base + 1 + orig[j], base + 1 + k);
         }
         cache.truncate(base + 1 + acc.path.len());
         out.accepted += acc.path.len();

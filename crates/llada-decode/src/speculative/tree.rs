@@ -25,6 +25,18 @@ impl DraftTree {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
+    /// The tree restricted to `keep` (ascending node indices, closed under parents), with the
+    /// same tokens, draft probabilities and path estimates.
+    pub fn subtree(&self, keep: &[usize]) -> DraftTree {
+        let mut t = DraftTree::default();
+        let mut map = vec![usize::MAX; self.len()];
+        for &i in keep {
+            let p = self.parent[i].map(|p| map[p]);
+            map[i] = t.push(p, self.tokens[i], self.q[i], 1.0);
+            t.path_prob[map[i]] = self.path_prob[i];
+        }
+        t
+    }
     /// Add a node; returns its index. `parent` must already exist.
     pub fn push(&mut self, parent: Option<usize>, token: u32, q: f32, accept: f32) -> usize {
         let (depth, pp) = match parent {
