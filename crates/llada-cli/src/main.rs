@@ -75,6 +75,9 @@ enum Cmd {
     /// Calibrate a draft's early-exit verification probe against its target (writes
     /// probe.json next to the draft; used by `--early-exit` and `bench spec`).
     TrainProbe(spec::TrainProbeArgs),
+    /// Fit the head of the early-exit self-drafter (`--draft self`): the target's first
+    /// layers plus a ridge-regression adapter onto its final hidden state.
+    TrainSelfDraft(spec::TrainSelfDraftArgs),
 }
 
 #[derive(Args, Clone)]
@@ -525,6 +528,7 @@ fn main() {
         Cmd::Train(a) => zoo::train(a),
         Cmd::Eval(a) => zoo::eval(a),
         Cmd::TrainProbe(a) => spec::train_probe(a),
+        Cmd::TrainSelfDraft(a) => spec::train_self_draft(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::speculative::drafter::{Drafter, ModelDrafter, NgramDrafter, TreeShape};
 use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
+use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter, SelfHead};
 use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
 use llada_decode::{generate, GenerateConfig, SamplingParams};
 use llada_model::{LoadOptions, Model};
@@ -14,8 +15,9 @@ use std::path::PathBuf;
 /// Speculative decoding options (shared by `generate --mode speculative` and `bench spec`).
 #[derive(Args, Clone)]
 pub struct SpecArgs {
-    /// Drafter: `ngram` (prompt lookup, no model) or a draft model (path or alias) sharing the
-    /// target's token ids, e.g. models/smollm2-draft.
+    /// Drafter: `ngram` (prompt lookup, no model), a draft model (path or alias) sharing the
+    /// target's token ids, e.g. models/smollm2-draft, or `self` / `self:HEAD.safetensors`
+    /// (the target's first layers plus a head from `llada train-self-draft`).
     #[arg(long, default_value = "ngram")]
     pub draft: String,
     /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth).
@@ -77,16 +79,36 @@ impl SpecArgs {
     }
 }
 
-/// A loaded drafter: the n-gram drafter, or a draft model (kept alive for the borrow).
+/// A loaded drafter: the n-gram drafter, a draft model (kept alive for the borrow), or the
+/// target's own first layers with a trained head (`self`, `self:PATH`).
 pub enum DraftSource {
     Ngram,
     Model(Box<Model>),
+    SelfDraft(SelfHead),
 }
+
+/// Where `--draft self` finds its head.
+pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
 
 impl DraftSource {
     pub fn load(name: &str, target: &Model) -> Result<Self> {
         if name == "ngram" {
             return Ok(Self::Ngram);
+        }
+        if name == "self" || name.starts_with("self:") {
+            let p = std::path::Path::new(name.strip_prefix("self:").unwrap_or(SELF_HEAD));
+            let head = SelfHead::load(p, target)
+                .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-self-draft`)"))?;
+            if let Some(i) = target.weights.layers[..head.layers]
+                .iter()
+                .position(|l| l.is_none())
+            {
+                bail!(
+                    "self-drafting runs the target's first {} layers, but layer {i} is streamed under this memory budget",
+                    head.layers
+                );
+            }
+            return Ok(Self::SelfDraft(head));
         }
         let path = crate::models::resolve(name, true)?;
         let m = Model::load(
@@ -109,7 +131,7 @@ impl DraftSource {
     }
     /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
     pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
-        if name == "ngram" {
+        if name == "ngram" || name == "self" || name.starts_with("self:") {
             return Ok(None);
         }
         let path = crate::models::resolve(name, true)?;
@@ -123,11 +145,17 @@ impl DraftSource {
         }
         Ok(Some(ExitProbe::load(&p).map_err(anyhow::Error::msg)?))
     }
-    pub fn drafter<'a>(&'a self, lane: &'a Lane, temperature: f32) -> Box<dyn Drafter + 'a> {
-        match self {
+    pub fn drafter<'a>(
+        &'a self,
+        target: &'a Model,
+        lane: &'a Lane,
+        temperature: f32,
+    ) -> Result<Box<dyn Drafter + 'a>> {
+        Ok(match self {
             Self::Ngram => Box::new(NgramDrafter),
             Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
-        }
+            Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
+        })
     }
 }
 
@@ -161,7 +189,7 @@ pub fn run_generate(
     }
     let draft_lane = Lane::new("draft", 1)?;
     let sparse = Lane::new("sparse", 1)?;
-    let mut d = src.drafter(&draft_lane, cfg.sampling.temperature);
+    let mut d = src.drafter(target, &draft_lane, cfg.sampling.temperature)?;
     let stop: Vec<u32> = if cfg.stop_at_eos {
         target
             .tokenizer
@@ -236,6 +264,10 @@ struct SpecRun {
     prompts: usize,
     /// Early exit: fraction of the verify passes' layer-rows skipped.
     compute_saved: f64,
+    /// Busy fraction of the draft and verify lanes over the decoding wall time (lane timers;
+    /// `scripts/trace_lanes.py` gives the same from a `--trace` file).
+    draft_util: f64,
+    verify_util: f64,
 }
 
 const PROMPTS: [&str; 8] = [
@@ -344,9 +376,19 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             identical: same,
             prompts: prompts.len(),
             compute_saved: 0.0,
+            draft_util: 0.0,
+            verify_util: 1.0,
         });
         for draft in &a.drafts {
-            let src = DraftSource::load(draft, &target)?;
+            let src = match DraftSource::load(draft, &target) {
+                Ok(s) => s,
+                // A self-drafter whose layers are streamed at this budget cannot run: say so.
+                Err(e) if draft.starts_with("self") => {
+                    pb.suspend(|| eprintln!("skipping {draft} at budget {budget}: {e}"));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let probe = DraftSource::probe(draft)?.filter(|p| p.layer + 1 < target.config.n_layers);
             let dlane = Lane::new("draft", 1)?;
             let sparse = Lane::new("sparse", 1)?;
@@ -374,9 +416,10 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) =
                     (0.0, 0, 0, 0, 0, 0);
                 let (mut saved, mut total_rows) = (0usize, 0usize);
+                let (mut busy_d, mut busy_v) = (0.0, 0.0);
                 let b0 = streamed(&target);
                 for (p, want) in prompts.iter().zip(&reference) {
-                    let mut d = src.drafter(&dlane, 0.0);
+                    let mut d = src.drafter(&target, &dlane, 0.0)?;
                     let o = spec_generate(
                         &target,
                         &lane,
@@ -394,6 +437,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     )?;
                     saved += o.layer_rows_saved;
                     total_rows += o.layer_rows_total;
+                    busy_d += o.draft_s;
+                    busy_v += o.verify_s;
                     s += o.total_s - o.prefill_s;
                     toks += o.tokens.len();
                     acc += o.accepted;
@@ -415,6 +460,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     identical: same,
                     prompts: prompts.len(),
                     compute_saved: saved as f64 / total_rows.max(1) as f64,
+                    draft_util: busy_d / s,
+                    verify_util: busy_v / s,
                 });
             }
             // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
@@ -426,9 +473,10 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             ] {
                 pb.set_message(format!("{budget}: {name} ({draft})"));
                 let (mut s, mut toks, mut acc, mut passes, mut same) = (0.0, 0, 0, 0, 0);
+                let (mut busy_d, mut busy_v) = (0.0, 0.0);
                 let b0 = streamed(&target);
                 for (p, want) in prompts.iter().zip(&reference) {
-                    let mut d = src.drafter(&dlane, 0.0);
+                    let mut d = src.drafter(&target, &dlane, 0.0)?;
                     let o = llada_decode::speculative::ahasd::generate(
                         &target,
                         &lane,
@@ -446,6 +494,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                         },
                     )?;
                     s += o.total_s;
+                    busy_d += o.draft_busy_s;
+                    busy_v += o.verify_busy_s;
                     toks += o.tokens.len();
                     acc += o.accepted;
                     passes += o.verify_passes;
@@ -465,6 +515,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     identical: same,
                     prompts: prompts.len(),
                     compute_saved: 0.0,
+                    draft_util: busy_d / s,
+                    verify_util: busy_v / s,
                 });
             }
         }
@@ -504,13 +556,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         "threads": threads,
     });
     std::fs::create_dir_all(&a.out_dir)?;
-    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | compute saved | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | compute saved | draft / verify lane busy | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from(
-        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,identical,prompts\n",
+        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,draft_util,verify_util,identical,prompts\n",
     );
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {:.0}% | {}/{} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {:.0}% | {:.0}% / {:.0}% | {}/{} |\n",
             r.config,
             r.draft,
             r.budget,
@@ -522,11 +574,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.tree_nodes_per_pass,
             r.verify_passes,
             100.0 * r.compute_saved,
+            100.0 * r.draft_util,
+            100.0 * r.verify_util,
             r.identical,
             r.prompts
         ));
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.config,
             r.draft,
             r.budget,
@@ -537,6 +591,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.tree_nodes_per_pass,
             r.verify_passes,
             r.compute_saved,
+            r.draft_util,
+            r.verify_util,
             r.identical,
             r.prompts
         ));
@@ -628,7 +684,12 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     let prompts = corpus.windows(false, a.prompts.max(4), 32, &mut rng);
     let src = DraftSource::load(&a.draft, &target)?;
     let draft_dir = match &src {
-        DraftSource::Ngram => bail!("the probe ships with a draft model, not `ngram`"),
+        DraftSource::Ngram | DraftSource::SelfDraft(_) => {
+            bail!(
+                "the probe ships with a draft model directory, not `{}`",
+                a.draft
+            )
+        }
         DraftSource::Model(_) => crate::models::resolve(&a.draft, true)?,
     };
     let threads = a.threads.unwrap_or_else(|| {
@@ -653,7 +714,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     let (mut fit_data, mut held) = (ProbeData::default(), ProbeData::default());
     for (i, p) in prompts.iter().enumerate() {
         let log = std::sync::Arc::new(std::sync::Mutex::new(ProbeData::default()));
-        let mut d = src.drafter(&dlane, 0.0);
+        let mut d = src.drafter(&target, &dlane, 0.0)?;
         spec_generate(
             &target,
             &lane,
@@ -705,5 +766,120 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
         );
         println!("wrote {}", out.display());
     }
+    Ok(())
+}
+
+/// `llada train-self-draft`: fit the head of the early-exit self-drafter.
+#[derive(Args)]
+pub struct TrainSelfDraftArgs {
+    /// Target model (alias, GGUF or HF directory).
+    #[arg(long, default_value = "smollm2")]
+    target: String,
+    /// Layers of the target the drafter runs.
+    #[arg(long, default_value_t = 6)]
+    layers: usize,
+    /// Token ids the head proposes (the most frequent in the calibration windows).
+    #[arg(long, default_value_t = 4096)]
+    vocab: usize,
+    /// Calibration windows of 128 tokens from the Austen + KJV training split.
+    #[arg(long, default_value_t = 48)]
+    windows: usize,
+    /// Ridge strength, relative to the mean diagonal of HᵀH.
+    #[arg(long, default_value_t = 1e-3)]
+    lambda: f64,
+    /// Output file.
+    #[arg(long, default_value = SELF_HEAD)]
+    out: PathBuf,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
+    let path = crate::models::resolve(&a.target, false)?;
+    let target = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    if a.layers == 0 || a.layers >= target.config.n_layers {
+        bail!(
+            "--layers must be between 1 and {}",
+            target.config.n_layers - 1
+        );
+    }
+    let tok = target
+        .tokenizer
+        .as_ref()
+        .context("the target has no tokenizer")?;
+    let files = [
+        std::path::Path::new("data/austen.txt"),
+        std::path::Path::new("data/kjv.txt"),
+    ];
+    if let Some(f) = files.iter().find(|f| !f.exists()) {
+        bail!(
+            "{} is missing: run `python3 scripts/fetch_corpora.py` first",
+            f.display()
+        );
+    }
+    let corpus =
+        llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
+    let windows = corpus.windows(false, a.windows.max(1), 128, &mut rng);
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let lane = Lane::new("dense", threads)?;
+    let pb = indicatif::ProgressBar::new(windows.len() as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] fitting the self-draft head",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let head = fit_head(&target, &lane, &windows, a.layers, a.vocab, a.lambda, |i| {
+        pb.set_position(i as u64)
+    })?;
+    pb.finish_and_clear();
+    if let Some(dir) = a.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    head.save(&a.out).map_err(anyhow::Error::msg)?;
+    // Held-out agreement: the head's argmax vs the target's, on held-out windows.
+    let held = corpus.windows(true, 8, 128, &mut rng);
+    let mut d = SelfDrafter::new(&target, &lane, head, 0.0)?;
+    let (mut agree, mut total) = (0usize, 0usize);
+    for w in &held {
+        let pos: Vec<u32> = (0..w.len() as u32).collect();
+        let out = lane.run(|| {
+            target.forward(
+                &llada_model::ForwardRequest {
+                    tokens: w,
+                    positions: &pos,
+                    mask: llada_model::AttnMask::Causal,
+                    kv_write: llada_model::KvWrite::None,
+                    logits: llada_model::LogitRows::All,
+                },
+                &mut target.new_cache(),
+            )
+        })?;
+        for i in (8..w.len()).step_by(4) {
+            let want = llada_decode::sampling::argmax(out.row(i - 1));
+            let p = d.propose(
+                &w[..i],
+                &llada_decode::speculative::tree::DraftTree::default(),
+                None,
+                1,
+            )?;
+            agree += usize::from(p.top.first().map(|t| t.0) == Some(want));
+            total += 1;
+        }
+    }
+    println!(
+        "self-draft head: {} of {} layers, {} ids; top-1 agreement with the full target on held-out prose: {:.1}% ({total} positions); wrote {}",
+        a.layers,
+        target.config.n_layers,
+        a.vocab,
+        100.0 * agree as f64 / total.max(1) as f64,
+        a.out.display()
+    );
     Ok(())
 }

@@ -178,6 +178,43 @@ impl Model {
         cache: &mut KvCache,
         exit: Option<&EarlyExit>,
     ) -> Result<ForwardOutput, ModelError> {
+        self.forward_impl(req, cache, exit, None)
+    }
+
+    /// The residual stream after the first `layers` layers (no final norm, no head) of the
+    /// requested rows, as a [`ForwardOutput`] whose rows are `d_model` wide; K/V of those layers
+    /// only are written. The first `layers` layers must be resident (early-exit self-drafting
+    /// reads them between the target's passes; a streamed layer is an error).
+    pub fn forward_hidden(
+        &self,
+        req: &ForwardRequest,
+        cache: &mut KvCache,
+        layers: usize,
+    ) -> Result<ForwardOutput, ModelError> {
+        if layers == 0 || layers > self.config.n_layers {
+            return Err(ModelError::BadRequest(format!(
+                "cannot stop after {layers} of {} layers",
+                self.config.n_layers
+            )));
+        }
+        if let Some(i) = self.weights.layers[..layers]
+            .iter()
+            .position(|l| l.is_none())
+        {
+            return Err(ModelError::BadRequest(format!(
+                "layer {i} is streamed under the memory budget; self-drafting needs its layers resident"
+            )));
+        }
+        self.forward_impl(req, cache, None, Some(layers))
+    }
+
+    fn forward_impl(
+        &self,
+        req: &ForwardRequest,
+        cache: &mut KvCache,
+        exit: Option<&EarlyExit>,
+        stop: Option<usize>,
+    ) -> Result<ForwardOutput, ModelError> {
         let c = &self.config;
         let w = &self.weights;
         let n = req.tokens.len();
@@ -300,8 +337,14 @@ impl Model {
         // Streamed weights (memory budget): a prefetch thread builds the next streamed layer
         // while this one computes; resident layers are used in place.
         std::thread::scope(|scope| -> Result<ForwardOutput, ModelError> {
-            let rx = self.store.as_ref().map(|st| (st, st.start(scope, c)));
+            let rx = match stop {
+                Some(_) => None,
+                None => self.store.as_ref().map(|st| (st, st.start(scope, c))),
+            };
             for (li, slot) in w.layers.iter().enumerate() {
+                if stop == Some(li) {
+                    break;
+                }
                 let staged;
                 let layer: &Layer = match (slot, &rx) {
                     (Some(l), _) => l,
@@ -506,6 +549,16 @@ impl Model {
                 }
             }
 
+            if stop.is_some() {
+                return Ok(ForwardOutput {
+                    logits: logit_rows
+                        .iter()
+                        .flat_map(|&r| x[r * d..(r + 1) * d].iter().copied())
+                        .collect(),
+                    rows: logit_rows.iter().map(|&r| alive[r]).collect(),
+                    vocab: d,
+                });
+            }
             let vocab = c.vocab;
             // A streamed head is always received (the prefetch thread must finish its pass).
             let staged_head = match (&w.lm_head, &rx) {

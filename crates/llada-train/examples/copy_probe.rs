@@ -10,6 +10,10 @@ use rand::SeedableRng;
 
 fn main() -> anyhow::Result<()> {
     let dev = Device::Cpu;
+    // `copy_probe [STEPS] [LR]` (defaults 200, 3e-3).
+    let args: Vec<String> = std::env::args().collect();
+    let steps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(200);
+    let lr: f64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3e-3);
     for causal in [false, true] {
         let spec = ModelSpec {
             format: Format::LLaDA,
@@ -32,7 +36,7 @@ fn main() -> anyhow::Result<()> {
         let mut opt = AdamW::new(
             model.varmap.all_vars(),
             ParamsAdamW {
-                lr: 3e-3,
+                lr,
                 weight_decay: 0.01,
                 ..Default::default()
             },
@@ -40,13 +44,13 @@ fn main() -> anyhow::Result<()> {
         let mut g = TaskGen::new(1, false);
         g.scale = 0.01;
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-        for step in 0..200 {
+        for step in 0..steps {
             let ex: Vec<_> = (0..32).map(|_| g.next(Some("rev"))).collect();
             let b = diffusion_batch(&ex, MASK, 0.05, false, &mut rng, &dev)?;
             let logits = model.forward(&b.ids, causal)?;
             let loss = weighted_ce(&logits, &b, false)?;
             opt.backward_step(&loss)?;
-            if step % 40 == 0 || step == 199 {
+            if step % (steps / 5).max(1) == 0 || step + 1 == steps {
                 // Letter position is index 7 (BOS r e v : X =); loss there with it masked.
                 let mut ids: Vec<Vec<u32>> = b.ids.to_vec2()?;
                 let tg: Vec<Vec<u32>> = b.targets.to_vec2()?;

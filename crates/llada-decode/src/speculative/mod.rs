@@ -12,6 +12,7 @@ pub mod accept;
 pub mod ahasd;
 pub mod drafter;
 pub mod prune;
+pub mod selfdraft;
 pub mod tree;
 
 use crate::sampling::Sampler;
