@@ -493,7 +493,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                             stop_ids: vec![],
                         },
                     )?;
-                    s += o.total_s;
+                    s += o.total_s - o.prefill_s;
                     busy_d += o.draft_busy_s;
                     busy_v += o.verify_busy_s;
                     toks += o.tokens.len();
@@ -599,6 +599,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     }
     std::fs::write(a.out_dir.join("report.md"), &md)?;
     std::fs::write(a.out_dir.join("runs.csv"), csv)?;
+    plot_spec(&runs, &sd, &a.budgets, &a.out_dir.join("tokens_per_s.svg"))?;
     std::fs::write(
         a.out_dir.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -620,6 +621,76 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 .map_or("–".into(), |v| format!("{v:.2}x"))
         );
     }
+    Ok(())
+}
+
+/// Bars of tokens/s per configuration (AR and the summary drafter), one colour per budget.
+fn plot_spec(
+    runs: &[SpecRun],
+    draft: &str,
+    budgets: &[String],
+    path: &std::path::Path,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let mut configs: Vec<&str> = vec![];
+    for r in runs.iter().filter(|r| r.draft == draft || r.config == "ar") {
+        if !configs.contains(&r.config.as_str()) {
+            configs.push(&r.config);
+        }
+    }
+    if configs.is_empty() {
+        return Ok(());
+    }
+    let ymax = runs.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max) * 1.15;
+    let root = SVGBackend::new(path, (160 + 110 * configs.len() as u32, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = configs.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("bench spec: tokens/s ({draft})"),
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(60)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..n as f64, 0f64..ymax.max(1e-3))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - i as f64 - 0.5).abs() < 0.01 && i < n {
+                configs[i].to_string()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("tokens/s")
+        .draw()?;
+    let w = 0.8 / budgets.len().max(1) as f64;
+    for (bi, b) in budgets.iter().enumerate() {
+        let color = Palette99::pick(bi).to_rgba();
+        chart
+            .draw_series(configs.iter().enumerate().filter_map(|(i, c)| {
+                runs.iter()
+                    .find(|r| {
+                        r.config == *c && &r.budget == b && (r.draft == draft || r.config == "ar")
+                    })
+                    .map(|r| {
+                        let x0 = i as f64 + 0.1 + bi as f64 * w;
+                        Rectangle::new([(x0, 0.0), (x0 + w * 0.9, r.tokens_per_s)], color.filled())
+                    })
+            }))?
+            .label(b.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
     Ok(())
 }
 

@@ -169,6 +169,8 @@ pub struct AsyncOutput {
     pub draft_busy_s: f64,
     pub verify_busy_s: f64,
     pub total_s: f64,
+    /// Target prefill of the prompt (included in `total_s`).
+    pub prefill_s: f64,
 }
 
 struct Pending {
@@ -278,6 +280,7 @@ pub fn generate(
     let t0 = Instant::now();
     let mut cache = target.new_cache();
     super::append_context(target, verify_lane, &mut cache, &prompt[..prompt.len() - 1])?;
+    let prefill_s = t0.elapsed().as_secs_f64();
     let shared = Mutex::new(Shared {
         committed: prompt.to_vec(),
         pending: VecDeque::new(),
@@ -514,6 +517,7 @@ pub fn generate(
     }
     let mut s = lock()?;
     s.out.total_s = t0.elapsed().as_secs_f64();
+    s.out.prefill_s = prefill_s;
     Ok(std::mem::take(&mut s.out))
 }
 
