@@ -296,6 +296,9 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     });
     let lane = Lane::new("dense", threads)?;
     let mut runs: Vec<SpecRun> = vec![];
+    // Per budget: RSS before the target is loaded, weights kept resident, staging buffers
+    // (two streamed units), and the highest peak RSS of its configurations.
+    let mut memory: Vec<serde_json::Value> = vec![];
     let mut reference: Vec<Vec<u32>> = vec![];
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
@@ -312,6 +315,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         } else {
             Some(llada_model::store::Budget::parse(budget).map_err(anyhow::Error::msg)?)
         };
+        let rss_before = llada_model::store::rss_bytes();
         reset_peak_rss();
         let target = Model::load(
             &path,
@@ -322,6 +326,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             },
         )
         .with_context(|| format!("loading {}", path.display()))?;
+        let (resident_w, staging_w) = target.store.as_ref().map_or((None, None), |st| {
+            (
+                Some(st.plan.resident_bytes()),
+                Some(2 * st.plan.largest_streamed()),
+            )
+        });
+        let runs_before = runs.len();
         let tok = target
             .tokenizer
             .as_ref()
@@ -351,6 +362,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         };
         // The AR baseline; its tokens are the lossless reference.
         pb.set_message(format!("{budget}: ar"));
+        reset_peak_rss();
         let (mut ar_s, mut ar_tokens, mut same) = (0.0, 0, 0);
         let b0 = streamed(&target);
         for (i, p) in prompts.iter().enumerate() {
@@ -413,6 +425,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             }
             for (name, shape, exit) in configs {
                 pb.set_message(format!("{budget}: {name} ({draft})"));
+                reset_peak_rss();
                 let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) =
                     (0.0, 0, 0, 0, 0, 0);
                 let (mut saved, mut total_rows) = (0usize, 0usize);
@@ -472,6 +485,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 ("ahasd-async+edc+tvc", true, true, false),
             ] {
                 pb.set_message(format!("{budget}: {name} ({draft})"));
+                reset_peak_rss();
                 let (mut s, mut toks, mut acc, mut passes, mut same) = (0.0, 0, 0, 0, 0);
                 let (mut busy_d, mut busy_v) = (0.0, 0.0);
                 let b0 = streamed(&target);
@@ -520,6 +534,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 });
             }
         }
+        memory.push(serde_json::json!({
+            "budget": budget,
+            "rss_before_load_bytes": rss_before,
+            "resident_weight_bytes": resident_w,
+            "staging_bytes": staging_w,
+            "peak_rss_bytes": runs[runs_before..].iter().filter_map(|r| r.peak_rss_bytes).max(),
+        }));
     }
     pb.finish_and_clear();
     // Summary ratios: the last drafter listed, at the last (tightest) budget; its Lever tree
@@ -549,6 +570,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         "async_speedup": find("ahasd-async+edc+tvc", &low)
             .zip(find("ahasd-sync", &low))
             .map(|(x, y)| x / y),
+        "memory": memory,
         "lossless_identical": same,
         "lossless_total": total,
         "storage_bw_emulated_gbps": a.storage_bw,

@@ -344,8 +344,17 @@ impl WeightStore {
 
 /// This process's peak resident set size (bytes), from /proc (Linux; `None` elsewhere).
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_kb("VmHWM:")
+}
+
+/// Current resident set size (Linux `VmRSS`).
+pub fn rss_bytes() -> Option<u64> {
+    status_kb("VmRSS:")
+}
+
+fn status_kb(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
