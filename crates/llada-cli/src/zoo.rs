@@ -92,6 +92,7 @@ fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
         bos_id: BOS,
         tied: false,
         store_f16: false,
+        init_std: 0.02,
     };
     Ok(match name {
         "tiny-llada-tasks" => (base(Format::LLaDA, 4), 3000),
@@ -120,6 +121,7 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
         bos_id: 1,
         tied,
         store_f16: f16,
+        init_std: 0.02,
     };
     match name {
         // LLaDA format, BPE 4096 trained on Austen + KJV.

@@ -21,6 +21,7 @@ fn main() -> anyhow::Result<()> {
         bos_id: BOS,
         tied: false,
         store_f16: false,
+        init_std: 0.02,
     };
     let mut d = TaskData {
         batch: 6,

@@ -33,10 +33,13 @@ pub struct ModelSpec {
     pub mask_id: u32,
     pub eos_id: u32,
     pub bos_id: u32,
-    /// Tie the LM head to the embedding (Llama format only; no `lm_head.weight` is saved).
+    /// Tie the LM head to the embedding (no head tensor is saved; LLaDA's `weight_tying`,
+    /// Dream's and Llama's `tie_word_embeddings`).
     pub tied: bool,
     /// Store weights as f16 (training stays in f32).
     pub store_f16: bool,
+    /// Standard deviation of the normal init (output projections: divided by √(2·layers)).
+    pub init_std: f64,
 }
 
 impl ModelSpec {
@@ -63,7 +66,7 @@ impl ModelSpec {
                 "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_eps,
                 "max_sequence_length": self.max_len, "mask_token_id": self.mask_id,
                 "eos_token_id": self.eos_id, "pad_token_id": self.eos_id, "bos_token_id": self.bos_id,
-                "weight_tying": false, "include_bias": false, "include_qkv_bias": false,
+                "weight_tying": self.tied, "include_bias": false, "include_qkv_bias": false,
                 "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "rope": true,
                 "torch_dtype": self.dtype_name()
             }),
@@ -72,7 +75,7 @@ impl ModelSpec {
                 "hidden_size": self.d_model, "intermediate_size": self.ffn,
                 "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
                 "num_hidden_layers": self.n_layers, "rms_norm_eps": self.rms_eps,
-                "rope_theta": self.rope_theta, "vocab_size": self.vocab, "tie_word_embeddings": false,
+                "rope_theta": self.rope_theta, "vocab_size": self.vocab, "tie_word_embeddings": self.tied,
                 "mask_token_id": self.mask_id, "bos_token_id": self.bos_id, "eos_token_id": self.eos_id,
                 "pad_token_id": self.eos_id, "max_position_embeddings": self.max_len, "hidden_act": "silu",
                 "torch_dtype": self.dtype_name()
@@ -129,7 +132,7 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 impl TrainModel {
-    /// Fresh parameters (normal init, std 0.02; output projections scaled by 1/√(2·layers)).
+    /// Fresh parameters (normal init, std `spec.init_std`; output projections scaled by 1/√(2·layers)).
     pub fn new(spec: ModelSpec, dev: &Device) -> Result<Self> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev);
@@ -137,11 +140,11 @@ impl TrainModel {
         let (qd, kvd) = (spec.n_heads * hd, spec.n_kv_heads * hd);
         let init = Init::Randn {
             mean: 0.0,
-            stdev: 0.02,
+            stdev: spec.init_std,
         };
         let out_init = Init::Randn {
             mean: 0.0,
-            stdev: 0.02 / (2.0 * spec.n_layers as f64).sqrt(),
+            stdev: spec.init_std / (2.0 * spec.n_layers as f64).sqrt(),
         };
         let ones = Init::Const(1.0);
         let zeros = Init::Const(0.0);
@@ -229,7 +232,7 @@ impl TrainModel {
             });
         }
         let norm = vb.get_with_hints(d, norm_n, ones)?;
-        let head = if spec.tied && spec.format == Format::Llama {
+        let head = if spec.tied {
             embed.clone()
         } else {
             vb.get_with_hints((spec.vocab, d), head_n, init)?

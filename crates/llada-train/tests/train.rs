@@ -28,6 +28,7 @@ fn spec(format: Format) -> ModelSpec {
         bos_id: BOS,
         tied: format == Format::Llama,
         store_f16: format == Format::Dream,
+        init_std: 0.02,
     }
 }
 
@@ -74,14 +75,22 @@ fn a_few_steps_lower_the_loss_on_a_fixed_batch() {
 #[test]
 fn checkpoints_round_trip_through_the_engine_loader() {
     let dev = Device::Cpu;
-    for (format, causal) in [
-        (Format::LLaDA, false),
-        (Format::Dream, false),
-        (Format::Llama, true),
+    for (format, causal, tied) in [
+        (Format::LLaDA, false, false),
+        (Format::LLaDA, false, true),
+        (Format::Dream, false, false),
+        (Format::Llama, true, true),
     ] {
-        let model = TrainModel::new(spec(format), &dev).unwrap();
+        let model = TrainModel::new(
+            ModelSpec {
+                tied,
+                ..spec(format)
+            },
+            &dev,
+        )
+        .unwrap();
         let dir = std::env::temp_dir().join(format!(
-            "llada-train-rt-{:?}-{}",
+            "llada-train-rt-{:?}-{tied}-{}",
             format,
             std::process::id()
         ));
@@ -99,6 +108,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
         .unwrap();
         let loaded = Model::load(&dir, &LoadOptions::default()).unwrap();
         assert_eq!(loaded.config.shift_logits, format == Format::Dream);
+        assert_eq!(loaded.config.tied_embeddings, tied);
         assert_eq!(loaded.config.mask_id.is_some(), format != Format::Llama);
         let tok = loaded.tokenizer.as_ref().unwrap();
         let ids = tok.encode("sort:3 1 2=").unwrap();
