@@ -136,7 +136,7 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
             3000,
         )),
         // Llama format over SmolLM2's own token ids, tied head: ≈ 11 M MACs/token vs ≈ 134 M.
-        "smollm2-draft" => Some((spec(Format::Llama, 192, 4, 6, 2, 512, true, true), 3000)),
+        "smollm2-draft" => Some((spec(Format::Llama, 192, 4, 6, 2, 512, true, true), 900)),
         _ => None,
     }
 }
