@@ -241,6 +241,41 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
         "25%",
     ]);
     assert_eq!(b["tokens"], base["tokens"]);
+    // The shipped draft (reduced vocabulary) with its early-exit probe, under a budget too,
+    // and the self-drafter (the target's first layers + the shipped head): same tokens.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let draft = root.join("models/smollm2-draft");
+    let head = format!(
+        "self:{}",
+        root.join("models/smollm2-selfdraft.safetensors").display()
+    );
+    for extra in [
+        vec!["--draft", draft.to_str().unwrap(), "--early-exit"],
+        vec![
+            "--draft",
+            draft.to_str().unwrap(),
+            "--tree",
+            "chain",
+            "--mem-budget",
+            "25%",
+        ],
+        vec!["--draft", head.as_str(), "--tree", "topk"],
+    ] {
+        let mut args = vec![
+            "generate",
+            "--raw",
+            prompt,
+            "-n",
+            "24",
+            "--json",
+            "--ignore-eos",
+            "--mode",
+            "speculative",
+        ];
+        args.extend(extra.iter().copied());
+        let j = run_json(&args);
+        assert_eq!(j["tokens"], base["tokens"], "{extra:?}");
+    }
     // Bad budgets are clear errors.
     let out = llada()
         .args(["generate", "x", "--mem-budget", "lots"])
