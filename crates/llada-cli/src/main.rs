@@ -70,7 +70,8 @@ enum Cmd {
     Synth(synth::SynthArgs),
     /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
     Train(zoo::TrainArgs),
-    /// Evaluate a model: exact match per task on the held-out split (diffusion task models).
+    /// Evaluate a model: exact match per task (diffusion task models), held-out NLL (prose
+    /// models), or top-1 agreement and accepted length against a target (drafts, `--target`).
     Eval(zoo::EvalArgs),
     /// Calibrate a draft's early-exit verification probe against its target (writes
     /// probe.json next to the draft; used by `--early-exit` and `bench spec`).

@@ -730,10 +730,10 @@ pub struct TrainProbeArgs {
     layer: Option<usize>,
     /// Calibration prompts: 32-token windows of the Austen + KJV *training* split (the last
     /// quarter of the prompts is held out to measure recall).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 96)]
     prompts: usize,
     /// Tokens generated per prompt (greedy, Lever tree).
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 64)]
     tokens: usize,
     /// Fraction of the accepted nodes the threshold must keep on the fitting split.
     #[arg(long, default_value_t = 0.995)]
