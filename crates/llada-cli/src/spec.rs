@@ -227,7 +227,8 @@ pub struct SpecBenchArgs {
     /// Drafters to compare (`ngram` and/or draft model paths).
     #[arg(long, value_delimiter = ',', default_value = "ngram")]
     drafts: Vec<String>,
-    /// Prompts (held-out-style prose and chat); each is generated greedily.
+    /// Prompts, alternating raw prose continuations and chat requests (chat template);
+    /// each is generated greedily.
     #[arg(long, default_value_t = 6)]
     prompts: usize,
     /// Tokens generated per prompt.
@@ -270,15 +271,17 @@ struct SpecRun {
     verify_util: f64,
 }
 
-const PROMPTS: [&str; 8] = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.",
-    "Write a Python function that returns the n-th Fibonacci number, then explain how it works.",
-    "In the beginning God created the heaven and the earth. And the earth was without form, and void;",
-    "List the planets of the solar system in order from the Sun, one per line.",
-    "Mr. Darcy walked towards them with Mr. Bingley, and Elizabeth, who had been",
-    "Explain what a hash map is and give an example of using one.",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-    "Summarise the rules of chess in five sentences.",
+/// Bench prompts, alternating prose continuations (raw text, no template: held-out-style
+/// prose) and chat requests (rendered with the target's chat template).
+const PROMPTS: [(&str, bool); 8] = [
+    ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.", false),
+    ("Write a Python function that returns the n-th Fibonacci number, then explain how it works.", true),
+    ("In the beginning God created the heaven and the earth. And the earth was without form, and void;", false),
+    ("List the planets of the solar system in order from the Sun, one per line.", true),
+    ("Mr. Darcy walked towards them with Mr. Bingley, and Elizabeth, who had been", false),
+    ("Explain what a hash map is and give an example of using one.", true),
+    ("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox", false),
+    ("Summarise the rules of chess in five sentences.", true),
 ];
 
 /// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs), so each configuration's
@@ -340,10 +343,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         let prompts: Vec<Vec<u32>> = PROMPTS
             .iter()
             .take(a.prompts.clamp(1, PROMPTS.len()))
-            .map(|p| {
-                let text = tok
-                    .template
-                    .render(&[llada_formats::tokenizer::Message::new("user", p)], true);
+            .map(|&(p, chat)| {
+                let text = if chat {
+                    tok.template
+                        .render(&[llada_formats::tokenizer::Message::new("user", p)], true)
+                } else {
+                    p.to_string()
+                };
                 tok.encode(&text).map_err(anyhow::Error::msg)
             })
             .collect::<Result<_>>()?;
