@@ -176,14 +176,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let path = crate::models::resolve(&a.model, a.json)?;
     let model = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;
-    let threads = a
-        .threads
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        })
-        .max(1);
+    let threads = crate::threads_or_all(a.threads).max(1);
     let lane = Lane::new("dense", threads)?;
     let reps = a.reps.max(1);
     let steps = 2 + 2 * reps + if a.no_matmul { 0 } else { 1 };

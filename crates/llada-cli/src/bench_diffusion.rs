@@ -366,11 +366,7 @@ fn plot(sweep: &[SweepPoint], path: &Path) -> Result<()> {
 }
 
 pub fn run(a: DiffusionBenchArgs) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(a.threads);
     let names: Vec<String> = if a.strategies.is_empty() {
         STRATEGIES.iter().map(|s| s.to_string()).collect()
     } else {

@@ -292,11 +292,7 @@ fn reset_peak_rss() {
 
 pub fn bench(a: SpecBenchArgs) -> Result<()> {
     let path = crate::models::resolve(&a.target, a.json)?;
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(a.threads);
     let lane = Lane::new("dense", threads)?;
     let mut runs: Vec<SpecRun> = vec![];
     // Per budget: RSS before the target is loaded, weights kept resident, staging buffers
@@ -767,16 +763,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
         .tokenizer
         .as_ref()
         .context("the target has no tokenizer")?;
-    let files = [
-        std::path::Path::new("data/austen.txt"),
-        std::path::Path::new("data/kjv.txt"),
-    ];
-    if let Some(f) = files.iter().find(|f| !f.exists()) {
-        bail!(
-            "{} is missing: run `python3 scripts/fetch_corpora.py` first",
-            f.display()
-        );
-    }
+    let files = crate::zoo::prose_files()?;
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
@@ -791,11 +778,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
         }
         DraftSource::Model(_) => crate::models::resolve(&a.draft, true)?,
     };
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(a.threads);
     let lane = Lane::new("dense", threads)?;
     let dlane = Lane::new("draft", 1)?;
     let pb = if a.json {
@@ -907,25 +890,12 @@ pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
         .tokenizer
         .as_ref()
         .context("the target has no tokenizer")?;
-    let files = [
-        std::path::Path::new("data/austen.txt"),
-        std::path::Path::new("data/kjv.txt"),
-    ];
-    if let Some(f) = files.iter().find(|f| !f.exists()) {
-        bail!(
-            "{} is missing: run `python3 scripts/fetch_corpora.py` first",
-            f.display()
-        );
-    }
+    let files = crate::zoo::prose_files()?;
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
     let windows = corpus.windows(false, a.windows.max(1), 128, &mut rng);
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(a.threads);
     let lane = Lane::new("dense", threads)?;
     let pb = indicatif::ProgressBar::new(windows.len() as u64);
     pb.set_style(

@@ -141,24 +141,28 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
     }
 }
 
+/// The prose corpora (`data/austen.txt`, `data/kjv.txt`), or an error saying how to fetch them.
+pub(crate) fn prose_files() -> Result<[&'static std::path::Path; 2]> {
+    let files = [
+        std::path::Path::new("data/austen.txt"),
+        std::path::Path::new("data/kjv.txt"),
+    ];
+    if let Some(f) = files.iter().find(|f| !f.exists()) {
+        bail!(
+            "{} is missing: run `python3 scripts/fetch_corpora.py` first",
+            f.display()
+        );
+    }
+    Ok(files)
+}
+
 /// Rows of `smollm2-draft`'s reduced vocabulary.
 const DRAFT_VOCAB: usize = 8192;
 
 fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     use llada_train::prose::{train_bpe, Corpus};
     use llada_train::trainer::{train as train_with, ProseData};
-    let files = [
-        std::path::Path::new("data/austen.txt"),
-        std::path::Path::new("data/kjv.txt"),
-    ];
-    for f in files {
-        if !f.exists() {
-            bail!(
-                "{} is missing: run `python3 scripts/fetch_corpora.py` first",
-                f.display()
-            );
-        }
-    }
+    let files = prose_files()?;
     let (tokenizer, eos) = if a.preset == "smollm2-draft" {
         let path = crate::models::resolve("smollm2", false)?;
         let g = llada_formats::gguf::GgufFile::open(&path)?;
@@ -486,11 +490,7 @@ pub fn generate_diffusion(
         }
     }
     let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
-    let threads = threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(threads);
     let lanes = Lanes::new(threads, &cfg)?;
     let mut view = |v: &StepView| {
         let mut line = String::new();
@@ -681,10 +681,7 @@ fn eval_prose(a: &EvalArgs, m: &Model, lane: &Lane) -> Result<()> {
     use rand::Rng;
     let tok = m.tokenizer.as_ref().context("model has no tokenizer")?;
     let mask = m.config.mask_id.context("no mask token")?;
-    let files = [
-        std::path::Path::new("data/austen.txt"),
-        std::path::Path::new("data/kjv.txt"),
-    ];
+    let files = prose_files()?;
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, m.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
@@ -755,11 +752,7 @@ fn eval_prose(a: &EvalArgs, m: &Model, lane: &Lane) -> Result<()> {
 pub fn eval(a: EvalArgs) -> Result<()> {
     let model = Model::load(&a.model, &LoadOptions::default())
         .with_context(|| format!("loading {}", a.model.display()))?;
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = crate::threads_or_all(a.threads);
     if let Some(t) = &a.target {
         let lane = Lane::new("dense", threads)?;
         return eval_draft(&a, &model, &lane, t);

@@ -185,29 +185,28 @@ impl Drafter for NgramDrafter {
     }
 }
 
-/// A draft model sharing the target's token ids (e.g. `smollm2-draft`), with its own KV cache
-/// of the committed context.
-pub struct ModelDrafter<'m> {
-    pub model: &'m Model,
-    pub lane: &'m Lane,
-    cache: KvCache,
+/// The committed context a model-based drafter holds in its KV cache (`context[..len − 1]`;
+/// the last token is fed with every draft step): rolled back to the common prefix after
+/// rejections, then extended.
+pub(crate) struct ContextCache {
+    pub cache: KvCache,
     cached: Vec<u32>,
-    temperature: f32,
 }
 
-impl<'m> ModelDrafter<'m> {
-    /// `temperature` shapes the draft distribution (0: greedy top-k; > 0: softmax(logits / T)).
-    pub fn new(model: &'m Model, lane: &'m Lane, temperature: f32) -> Self {
+impl ContextCache {
+    pub fn new(cache: KvCache) -> Self {
         Self {
-            model,
-            lane,
-            cache: model.new_cache(),
+            cache,
             cached: vec![],
-            temperature,
         }
     }
-    /// Keep the cache equal to `context[..len − 1]` (rollback after rejections, append the new).
-    fn sync(&mut self, context: &[u32]) -> Result<(), ModelError> {
+    /// Sync to `context`; `append(cache, tokens)` runs the model over the missing tokens (at
+    /// the positions that follow the cache).
+    pub fn sync(
+        &mut self,
+        context: &[u32],
+        append: impl FnOnce(&mut KvCache, &[u32]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
         let want = &context[..context.len().saturating_sub(1)];
         let common = self
             .cached
@@ -217,9 +216,88 @@ impl<'m> ModelDrafter<'m> {
             .count();
         self.cache.truncate(common);
         self.cached.truncate(common);
-        super::append_context(self.model, self.lane, &mut self.cache, &want[common..])?;
-        self.cached.extend_from_slice(&want[common..]);
+        if common < want.len() {
+            append(&mut self.cache, &want[common..])?;
+            self.cached.extend_from_slice(&want[common..]);
+        }
         Ok(())
+    }
+}
+
+/// Tokens and positions of one draft step: the last context token, then `node`'s path.
+pub(crate) fn step_rows(
+    context: &[u32],
+    tree: &DraftTree,
+    node: Option<usize>,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut toks = vec![context[context.len() - 1]];
+    if let Some(n) = node {
+        toks.extend(tree.path(n).iter().map(|&i| tree.tokens[i]));
+    }
+    let p0 = (context.len() - 1) as u32;
+    let pos = (p0..p0 + toks.len() as u32).collect();
+    (toks, pos)
+}
+
+/// A proposal from draft `logits` over `ids` (`None`: over every id of `vocab`): softmax at
+/// `temperature` (0: plain softmax), the `k` most likely (ties: lower index first) and the full
+/// distribution over `vocab`.
+pub(crate) fn proposal(
+    mut logits: Vec<f32>,
+    ids: Option<&[u32]>,
+    vocab: usize,
+    k: usize,
+    temperature: f32,
+) -> Proposal {
+    if temperature > 0.0 {
+        logits.iter_mut().for_each(|v| *v /= temperature);
+    }
+    softmax(&mut logits);
+    let p = logits;
+    let rank = |a: &usize, b: &usize| p[*b].total_cmp(&p[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..p.len()).collect();
+    let kk = k.max(1).min(idx.len());
+    if kk > 0 {
+        idx.select_nth_unstable_by(kk - 1, rank);
+    }
+    idx.truncate(kk);
+    idx.sort_by(rank);
+    let id = |i: usize| ids.map_or(i as u32, |ids| ids[i]);
+    let top = idx.iter().map(|&i| (id(i), p[i])).collect();
+    let full = match ids {
+        None => p,
+        Some(ids) => {
+            let mut full = vec![0f32; vocab];
+            for (&t, &q) in ids.iter().zip(&p) {
+                full[t as usize] = q;
+            }
+            full
+        }
+    };
+    Proposal {
+        top,
+        full: Some(full),
+    }
+}
+
+/// A draft model sharing the target's token ids (e.g. `smollm2-draft`), with its own KV cache
+/// of the committed context.
+pub struct ModelDrafter<'m> {
+    pub model: &'m Model,
+    pub lane: &'m Lane,
+    ctx: ContextCache,
+    temperature: f32,
+}
+
+impl<'m> ModelDrafter<'m> {
+    /// `temperature` shapes the draft distribution (0: greedy top-k; > 0: softmax(logits / T)).
+    pub fn new(model: &'m Model, lane: &'m Lane, temperature: f32) -> Self {
+        Self {
+            model,
+            lane,
+            ctx: ContextCache::new(model.new_cache()),
+            temperature,
+        }
     }
 }
 
@@ -237,16 +315,13 @@ impl Drafter for ModelDrafter<'_> {
         if context.is_empty() {
             return Ok(Proposal::default());
         }
-        self.sync(context)?;
-        let mut toks = vec![context[context.len() - 1]];
-        if let Some(n) = node {
-            toks.extend(tree.path(n).iter().map(|&i| tree.tokens[i]));
-        }
-        let p0 = (context.len() - 1) as u32;
-        let pos: Vec<u32> = (p0..p0 + toks.len() as u32).collect();
-        let model = self.model;
-        let cache = &mut self.cache;
-        let out = self.lane.run(|| {
+        let (model, lane) = (self.model, self.lane);
+        self.ctx.sync(context, |cache, toks| {
+            super::append_context(model, lane, cache, toks)
+        })?;
+        let (toks, pos) = step_rows(context, tree, node);
+        let cache = &mut self.ctx.cache;
+        let out = lane.run(|| {
             model.forward(
                 &ForwardRequest {
                     tokens: &toks,
@@ -258,23 +333,13 @@ impl Drafter for ModelDrafter<'_> {
                 cache,
             )
         })?;
-        let mut p: Vec<f32> = out.row(0).to_vec();
-        if self.temperature > 0.0 {
-            p.iter_mut().for_each(|v| *v /= self.temperature);
-        }
-        softmax(&mut p);
-        let mut top: Vec<(u32, f32)> = vec![];
-        for (i, &v) in p.iter().enumerate() {
-            if top.len() < k.max(1) {
-                top.push((i as u32, v));
-                top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            } else if v > top[top.len() - 1].1 {
-                let last = top.len() - 1;
-                top[last] = (i as u32, v);
-                top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            }
-        }
-        Ok(Proposal { top, full: Some(p) })
+        Ok(proposal(
+            out.row(0).to_vec(),
+            None,
+            model.config.vocab,
+            k,
+            self.temperature,
+        ))
     }
 }
 

@@ -91,20 +91,28 @@ pub fn features(
 ) -> Result<Vec<[f32; NF]>, ModelError> {
     let d = target.config.d_model;
     let row = |j: Option<usize>| j.map_or(0, |p| p + 1);
+    // One lens call per parent (its row is normalised once for all its children).
     let mut lens = vec![0f32; tree.len()];
-    for (j, l) in lens.iter_mut().enumerate() {
-        let r = row(tree.parent[j]);
-        *l = target.lens_logits(&hidden[r * d..(r + 1) * d], &[tree.tokens[j]])?[0];
+    let mut best = vec![f32::NEG_INFINITY; tree.len()];
+    for parent in std::iter::once(None).chain((0..tree.len()).map(Some)) {
+        let kids: Vec<usize> = tree.children(parent).collect();
+        if kids.is_empty() {
+            continue;
+        }
+        let r = row(parent);
+        let toks: Vec<u32> = kids.iter().map(|&j| tree.tokens[j]).collect();
+        let scores = target.lens_logits(&hidden[r * d..(r + 1) * d], &toks)?;
+        let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for (&j, s) in kids.iter().zip(scores) {
+            lens[j] = s;
+            best[j] = top;
+        }
     }
     Ok((0..tree.len())
         .map(|j| {
-            let best = (0..tree.len())
-                .filter(|&k| tree.parent[k] == tree.parent[j])
-                .map(|k| lens[k])
-                .fold(f32::NEG_INFINITY, f32::max);
             [
                 lens[j],
-                lens[j] - best,
+                lens[j] - best[j],
                 tree.q[j].max(1e-12).ln(),
                 tree.depth[j] as f32,
             ]

@@ -12,9 +12,8 @@
 //! unused); those layers must be resident (a memory budget that streams them makes
 //! [`Model::forward_hidden`] refuse).
 
-use super::drafter::{Drafter, Proposal};
+use super::drafter::{proposal, step_rows, ContextCache, Drafter, Proposal};
 use super::tree::DraftTree;
-use crate::sampling::softmax;
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
 use llada_runtime::{KvCache, Lane};
 use std::path::Path;
@@ -232,8 +231,7 @@ pub struct SelfDrafter<'m> {
     head: SelfHead,
     /// Embedding rows of `head.ids`, `K × d` (dequantized once).
     rows: Vec<f32>,
-    cache: KvCache,
-    cached: Vec<u32>,
+    ctx: ContextCache,
     temperature: f32,
 }
 
@@ -255,8 +253,7 @@ impl<'m> SelfDrafter<'m> {
             lane,
             head,
             rows,
-            cache: target.new_cache(),
-            cached: vec![],
+            ctx: ContextCache::new(target.new_cache()),
             temperature,
         })
     }
@@ -276,84 +273,52 @@ impl Drafter for SelfDrafter<'_> {
         if context.is_empty() {
             return Ok(Proposal::default());
         }
-        let (target, layers) = (self.target, self.head.layers);
-        // Keep the cache equal to context[..len − 1].
-        let want = &context[..context.len() - 1];
-        let common = self
-            .cached
-            .iter()
-            .zip(want)
-            .take_while(|(a, b)| a == b)
-            .count();
-        self.cache.truncate(common);
-        self.cached.truncate(common);
-        if common < want.len() {
-            let pos: Vec<u32> = (common as u32..want.len() as u32).collect();
-            let cache = &mut self.cache;
-            self.lane.run(|| {
+        let (target, lane, layers) = (self.target, self.lane, self.head.layers);
+        let hidden = |cache: &mut KvCache, toks: &[u32], pos: &[u32], write, rows| {
+            lane.run(|| {
                 target.forward_hidden(
                     &ForwardRequest {
-                        tokens: &want[common..],
-                        positions: &pos,
+                        tokens: toks,
+                        positions: pos,
                         mask: AttnMask::Causal,
-                        kv_write: KvWrite::Append,
-                        logits: LogitRows::None,
+                        kv_write: write,
+                        logits: rows,
                     },
                     cache,
                     layers,
                 )
-            })?;
-            self.cached.extend_from_slice(&want[common..]);
-        }
-        let mut toks = vec![context[context.len() - 1]];
-        if let Some(n) = node {
-            toks.extend(tree.path(n).iter().map(|&i| tree.tokens[i]));
-        }
-        let p0 = (context.len() - 1) as u32;
-        let pos: Vec<u32> = (p0..p0 + toks.len() as u32).collect();
-        let cache = &mut self.cache;
-        let out = self.lane.run(|| {
-            target.forward_hidden(
-                &ForwardRequest {
-                    tokens: &toks,
-                    positions: &pos,
-                    mask: AttnMask::Causal,
-                    kv_write: KvWrite::None,
-                    logits: LogitRows::Last,
-                },
-                cache,
-                layers,
-            )
+            })
+        };
+        self.ctx.sync(context, |cache, toks| {
+            let p0 = cache.len() as u32;
+            let pos: Vec<u32> = (p0..p0 + toks.len() as u32).collect();
+            hidden(cache, toks, &pos, KvWrite::Append, LogitRows::None).map(|_| ())
         })?;
+        let (toks, pos) = step_rows(context, tree, node);
+        let out = hidden(
+            &mut self.ctx.cache,
+            &toks,
+            &pos,
+            KvWrite::None,
+            LogitRows::Last,
+        )?;
         let d = target.config.d_model;
-        let h = out.row(0);
         let mut y = vec![0f32; d];
-        for (i, &hi) in h.iter().enumerate() {
+        for (i, &hi) in out.row(0).iter().enumerate() {
             llada_kernels::vecops::axpy(&mut y, hi, &self.head.adapter[i * d..(i + 1) * d]);
         }
-        let mut logits: Vec<f32> = self
+        let logits: Vec<f32> = self
             .rows
             .chunks_exact(d)
             .map(|e| llada_kernels::vecops::dot(&y, e))
             .collect();
-        if self.temperature > 0.0 {
-            logits.iter_mut().for_each(|v| *v /= self.temperature);
-        }
-        softmax(&mut logits);
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        let kk = k.max(1).min(idx.len());
-        idx.select_nth_unstable_by(kk - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
-        idx.truncate(kk);
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        let top = idx.iter().map(|&i| (self.head.ids[i], logits[i])).collect();
-        let mut full = vec![0f32; target.config.vocab];
-        for (&t, &p) in self.head.ids.iter().zip(&logits) {
-            full[t as usize] = p;
-        }
-        Ok(Proposal {
-            top,
-            full: Some(full),
-        })
+        Ok(proposal(
+            logits,
+            Some(&self.head.ids),
+            target.config.vocab,
+            k,
+            self.temperature,
+        ))
     }
 }
 
