@@ -241,6 +241,54 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
     Ok((model, lane))
 }
 
+/// Memory and streaming figures of a run (a JSON object), and a one-line summary for stderr
+/// when weights were streamed. `rss_before_load` is the process's RSS just before the model
+/// was loaded.
+fn memory_report(
+    model: &Model,
+    rss_before_load: Option<u64>,
+) -> (serde_json::Value, Option<String>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let peak = llada_model::store::peak_rss_bytes();
+    let weights_peak = llada_kernels::weight_memory::peak();
+    let mb = |b: u64| b as f64 / 1e6;
+    let Some(st) = &model.store else {
+        return (
+            serde_json::json!({"rss_before_load_bytes": rss_before_load, "peak_rss_bytes": peak,
+                "weights_peak_bytes": weights_peak}),
+            None,
+        );
+    };
+    let p = &st.plan;
+    let passes = st.stats.units_read.load(Relaxed);
+    let j = serde_json::json!({
+        "rss_before_load_bytes": rss_before_load,
+        "peak_rss_bytes": peak,
+        "weights_peak_bytes": weights_peak,
+        "budget_bytes": p.budget,
+        "resident_weight_bytes": p.resident_bytes(),
+        "staging_bytes": p.staging_bytes(),
+        "streamed_bytes_per_pass": p.streamed_bytes(),
+        "bytes_read": st.stats.bytes_read.load(Relaxed),
+        "units_read": passes,
+        "storage_busy_s": st.stats.read_ns.load(Relaxed) as f64 / 1e9,
+        "dense_wait_s": st.stats.wait_ns.load(Relaxed) as f64 / 1e9,
+    });
+    let line = format!(
+        "[memory: budget {:.1} MB, resident weights {:.1} MB, staging {:.1} MB; weights peak {:.1} MB; peak RSS {:.1} MB ({:.1} MB before load); streamed {:.1} MB/pass, storage busy {:.2}s, dense lane waited {:.2}s]",
+        mb(p.budget.unwrap_or(0)),
+        mb(p.resident_bytes()),
+        mb(p.staging_bytes()),
+        mb(weights_peak),
+        mb(peak.unwrap_or(0)),
+        mb(rss_before_load.unwrap_or(0)),
+        mb(p.streamed_bytes()),
+        st.stats.read_ns.load(Relaxed) as f64 / 1e9,
+        st.stats.wait_ns.load(Relaxed) as f64 / 1e9,
+    );
+    (j, Some(line))
+}
+
 fn write_trace(args: &ModelArgs, model: &Model) -> Result<()> {
     if let Some(p) = &args.trace {
         let header = serde_json::json!({
@@ -295,6 +343,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = gen_config(&a.sampling)?;
+    let rss_before_load = llada_model::store::rss_bytes();
     let (model, lane) = load(&a.model, a.json)?;
     let tok = model
         .tokenizer
@@ -324,7 +373,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                     "verify_passes": out.verify_passes, "mean_accepted": out.mean_accepted(),
                     "tree_nodes": out.tree_nodes,
                     "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s,
-                        "draft_s": out.draft_s, "verify_s": out.verify_s}})
+                        "draft_s": out.draft_s, "verify_s": out.verify_s},
+                    "memory": memory_report(&model, rss_before_load).0})
             );
         } else {
             println!("{text}");
@@ -338,6 +388,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                 a.spec.draft,
                 a.spec.tree
             );
+            if let Some(line) = memory_report(&model, rss_before_load).1 {
+                eprintln!("{line}");
+            }
         }
         return write_trace(&a.model, &model);
     }
@@ -360,6 +413,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             "forward_passes": out.forward_passes,
             "stop_reason": out.stop_reason,
             "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s, "decode_s": out.decode_s},
+            "memory": memory_report(&model, rss_before_load).0,
         });
         println!("{j}");
     } else {
@@ -374,6 +428,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             out.generated_tokens as f64 / out.decode_s.max(1e-9),
             out.stop_reason
         );
+        if let Some(line) = memory_report(&model, rss_before_load).1 {
+            eprintln!("{line}");
+        }
     }
     write_trace(&a.model, &model)
 }

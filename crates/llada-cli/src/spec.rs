@@ -316,6 +316,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         };
         let rss_before = llada_model::store::rss_bytes();
         reset_peak_rss();
+        llada_kernels::weight_memory::reset_peak();
         let target = Model::load(
             &path,
             &LoadOptions {
@@ -325,12 +326,14 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             },
         )
         .with_context(|| format!("loading {}", path.display()))?;
-        let (resident_w, staging_w) = target.store.as_ref().map_or((None, None), |st| {
-            (
-                Some(st.plan.resident_bytes()),
-                Some(2 * st.plan.largest_streamed()),
-            )
-        });
+        let (resident_w, staging_w, budget_b) =
+            target.store.as_ref().map_or((None, None, None), |st| {
+                (
+                    Some(st.plan.resident_bytes()),
+                    Some(st.plan.staging_bytes()),
+                    st.plan.budget,
+                )
+            });
         let runs_before = runs.len();
         let tok = target
             .tokenizer
@@ -536,11 +539,18 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 });
             }
         }
+        // Weight memory is counted exactly (every packed weight and staging read buffer); RSS
+        // also holds the tokenizer, KV caches, logits, drafts and the allocator's slack.
+        let weights_peak = llada_kernels::weight_memory::peak();
+        let bound = budget_b.zip(staging_w).map(|(b, s)| b + s);
         memory.push(serde_json::json!({
             "budget": budget,
+            "budget_bytes": budget_b,
             "rss_before_load_bytes": rss_before,
             "resident_weight_bytes": resident_w,
             "staging_bytes": staging_w,
+            "weights_peak_bytes": weights_peak,
+            "weights_within_budget_plus_staging_10pct": bound.map(|b| weights_peak as f64 <= 1.1 * b as f64),
             "peak_rss_bytes": runs[runs_before..].iter().filter_map(|r| r.peak_rss_bytes).max(),
         }));
     }
@@ -619,6 +629,23 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.verify_util,
             r.identical,
             r.prompts
+        ));
+    }
+    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
+    let mb = |v: &serde_json::Value| {
+        v.as_u64()
+            .map_or("–".into(), |b| format!("{:.1}", b as f64 / 1e6))
+    };
+    for m in &memory {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} ({}) |\n",
+            m["budget"].as_str().unwrap_or("?"),
+            mb(&m["budget_bytes"]),
+            mb(&m["resident_weight_bytes"]),
+            mb(&m["staging_bytes"]),
+            mb(&m["weights_peak_bytes"]),
+            mb(&m["peak_rss_bytes"]),
+            mb(&m["rss_before_load_bytes"]),
         ));
     }
     std::fs::write(a.out_dir.join("report.md"), &md)?;

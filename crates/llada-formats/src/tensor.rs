@@ -33,6 +33,23 @@ impl TensorView {
         llada_kernels::dequant::dequantize(self.ty, self.bytes(), &mut out);
         out
     }
+    /// Rows `[r0, r1)` of a 2-D tensor (outer dimension) as a view of the same bytes; `None`
+    /// for other ranks, an empty or out-of-range span, or rows that are not whole bytes.
+    pub fn rows(&self, r0: usize, r1: usize) -> Option<TensorView> {
+        let (&[n, cols], true) = (self.shape.as_slice(), r0 < r1) else {
+            return None;
+        };
+        if r1 > n || !self.len.is_multiple_of(n) {
+            return None;
+        }
+        let row = self.len / n;
+        Some(TensorView {
+            shape: vec![r1 - r0, cols],
+            offset: self.offset + r0 * row,
+            len: (r1 - r0) * row,
+            ..self.clone()
+        })
+    }
     /// Check the shape against what the config implies.
     pub fn expect_shape(&self, expected: &[usize]) -> Result<(), FormatError> {
         if self.shape != expected {
@@ -58,11 +75,46 @@ pub trait TensorSource {
     /// Drop the tensor's bytes from memory (mapping and page cache) after use; the next read
     /// comes from storage. A no-op for sources that are not file-backed.
     fn release(&self, _name: &str) {}
+    /// Rows `[r0, r1)` of a 2-D tensor. File-backed sources that copy what they read
+    /// override this to read only those rows.
+    fn get_rows(&self, name: &str, r0: usize, r1: usize) -> Option<TensorView> {
+        self.get(name)?.rows(r0, r1)
+    }
     /// The tensor, or a [`FormatError::MissingTensor`].
     fn require(&self, name: &str) -> Result<TensorView, FormatError> {
         self.get(name).ok_or_else(|| FormatError::MissingTensor {
             path: self.path().to_path_buf(),
             tensor: name.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_views_address_their_rows() {
+        // 4 rows of 32 Q8_0 elements: 34 bytes per row, after 6 bytes of something else.
+        let bytes: Vec<u8> = (0..6 + 4 * 34).map(|i| i as u8).collect();
+        let v = TensorView {
+            name: "w".into(),
+            ty: GgmlType::Q8_0,
+            shape: vec![4, 32],
+            owner: std::sync::Arc::new(bytes),
+            offset: 6,
+            len: 4 * 34,
+            file: "f".into(),
+        };
+        let r = v.rows(1, 3).unwrap();
+        assert_eq!(r.shape, vec![2, 32]);
+        assert_eq!(r.bytes(), &v.bytes()[34..3 * 34]);
+        assert!(v.rows(3, 5).is_none());
+        assert!(v.rows(2, 2).is_none());
+        let flat = TensorView {
+            shape: vec![128],
+            ..v.clone()
+        };
+        assert!(flat.rows(0, 1).is_none());
     }
 }

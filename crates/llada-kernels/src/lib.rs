@@ -16,7 +16,10 @@ pub mod qmatmul;
 pub mod types;
 pub mod vecops;
 
-pub use qmatmul::{matmul_f32, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs};
+pub use qmatmul::{
+    matmul_f32, weight_memory, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs,
+    StagingBytes,
+};
 pub use types::GgmlType;
 
 /// Number of worker threads the kernels use (rayon's global pool).

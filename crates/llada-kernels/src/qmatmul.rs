@@ -39,7 +39,69 @@ impl WeightBuf {
             .unwrap_or_else(|e| panic!("cannot allocate {len} bytes for weights: {e}"));
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
+        weight_memory::add(map.len());
         Self(map)
+    }
+}
+
+impl Drop for WeightBuf {
+    fn drop(&mut self) {
+        weight_memory::sub(self.0.len());
+    }
+}
+
+/// Bytes of weights held in memory by this process: packed weight buffers ([`WeightBuf`]) and
+/// staging read buffers ([`StagingBytes`]), with a high-water mark. This is the memory a
+/// `--mem-budget` governs, counted exactly (RSS also holds the KV cache, activations, logits,
+/// the tokenizer and the allocator's slack).
+pub mod weight_memory {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LIVE: AtomicU64 = AtomicU64::new(0);
+    static PEAK: AtomicU64 = AtomicU64::new(0);
+    pub(crate) fn add(n: usize) {
+        let now = LIVE.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+    pub(crate) fn sub(n: usize) {
+        LIVE.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+    /// Weight bytes held now.
+    pub fn live() -> u64 {
+        LIVE.load(Ordering::Relaxed)
+    }
+    /// Highest [`live`] since the process started or the last [`reset_peak`].
+    pub fn peak() -> u64 {
+        PEAK.load(Ordering::Relaxed)
+    }
+    /// Restart the high-water mark from the bytes held now.
+    pub fn reset_peak() {
+        PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+/// A staging buffer for weight bytes read from storage (counted in [`weight_memory`]).
+pub struct StagingBytes(Vec<u8>);
+
+impl StagingBytes {
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        weight_memory::add(len);
+        Self(vec![0u8; len])
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl AsRef<[u8]> for StagingBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for StagingBytes {
+    fn drop(&mut self) {
+        weight_memory::sub(self.0.len());
     }
 }
 

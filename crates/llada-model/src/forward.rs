@@ -353,7 +353,7 @@ impl Model {
                             staged = l;
                             &staged
                         }
-                        Unit::Head(_) => {
+                        Unit::HeadRows(..) => {
                             return Err(ModelError::Other("weight stream out of order".into()))
                         }
                     },
@@ -560,33 +560,55 @@ impl Model {
                 });
             }
             let vocab = c.vocab;
-            // A streamed head is always received (the prefetch thread must finish its pass).
-            let staged_head = match (&w.lm_head, &rx) {
-                (None, Some((st, rx))) => match st.next(rx)? {
-                    Unit::Head(h) => Some(h),
-                    Unit::Layer(_) => {
-                        return Err(ModelError::Other("weight stream out of order".into()))
-                    }
-                },
-                _ => None,
+            let m = logit_rows.len();
+            let out_rows: Vec<usize> = logit_rows.iter().map(|&r| alive[r]).collect();
+            let h = if m == 0 {
+                vec![]
+            } else {
+                rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1)
             };
-            if logit_rows.is_empty() {
+            let mut hq = None;
+            let mut logits = match (&w.lm_head, &rx) {
+                (Some(head), _) if m > 0 => head.forward(&h, &mut hq, m, -1, "lm_head")?,
+                (Some(_), _) => vec![],
+                // A streamed head arrives in row chunks, each multiplied as it lands (the read
+                // of chunk j + 1 overlaps it). Every chunk is received, even when no row needs
+                // logits: the prefetch thread must finish its pass.
+                (None, Some((st, rx))) => {
+                    let rows = c.embedding_rows();
+                    let mut out = vec![0f32; m * rows];
+                    let mut done = 0;
+                    while done < rows {
+                        match st.next(rx)? {
+                            Unit::HeadRows(r0, part) => {
+                                let n = part.rows();
+                                if m > 0 {
+                                    let y = part.forward(&h, &mut hq, m, -1, "lm_head")?;
+                                    for (o, yr) in out.chunks_exact_mut(rows).zip(y.chunks_exact(n))
+                                    {
+                                        o[r0..r0 + n].copy_from_slice(yr);
+                                    }
+                                }
+                                done += n;
+                            }
+                            Unit::Layer(_) => {
+                                return Err(ModelError::Other("weight stream out of order".into()))
+                            }
+                        }
+                    }
+                    out
+                }
+                (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
+            };
+            if m == 0 {
                 return Ok(ForwardOutput {
                     logits: vec![],
                     rows: vec![],
                     vocab,
                 });
             }
-            let out_rows: Vec<usize> = logit_rows.iter().map(|&r| alive[r]).collect();
-            let head = match (&w.lm_head, &staged_head) {
-                (Some(h), _) | (None, Some(h)) => h,
-                (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
-            };
-            let h = rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1);
-            let mut hq = None;
-            let mut logits = head.forward(&h, &mut hq, logit_rows.len(), -1, "lm_head")?;
-            if let Some(m) = &w.vocab_map {
-                logits = m.scatter(&logits, vocab);
+            if let Some(map) = &w.vocab_map {
+                logits = map.scatter(&logits, vocab);
             }
             Ok(ForwardOutput {
                 logits,

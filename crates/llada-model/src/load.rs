@@ -131,16 +131,44 @@ impl Recipe {
             .map(|v| v.len as u64)
             .sum()
     }
-    /// The LM head's name and file bytes (the embedding when tied).
-    pub fn head(&self, c: &ModelConfig) -> (&'static str, u64) {
+    /// The LM head's tensor name (the embedding when tied).
+    pub fn head_name(&self, c: &ModelConfig) -> &'static str {
         let (emb, _, head) = self.scheme.globals();
-        let name = if c.tied_embeddings { emb } else { head };
+        if c.tied_embeddings {
+            emb
+        } else {
+            head
+        }
+    }
+    /// The LM head's name and file bytes. (`get` of a staged source reads the tensor: call
+    /// this on the file's own source, or use [`Self::head_name`].)
+    pub fn head(&self, c: &ModelConfig) -> (&'static str, u64) {
+        let name = self.head_name(c);
         (name, self.src.get(name).map_or(0, |v| v.len as u64))
     }
     pub fn build_head(&self, c: &ModelConfig) -> Result<Linear, ModelError> {
         let (name, _) = self.head(c);
         let v = self.src.require(name)?;
         v.expect_shape(&[c.embedding_rows(), c.d_model])?;
+        Linear::from_view(&v, self.quant)
+    }
+    /// Build rows `[r0, r1)` of the LM head (a streamed head is read in such chunks).
+    pub fn build_head_rows(
+        &self,
+        c: &ModelConfig,
+        r0: usize,
+        r1: usize,
+    ) -> Result<Linear, ModelError> {
+        // Only the rows are read (a staged source would read the whole tensor for `get`); the
+        // full shape is checked at load.
+        let name = self.head_name(c);
+        let v = self.src.get_rows(name, r0, r1).ok_or_else(|| {
+            ModelError::Other(format!(
+                "{}: rows {r0}..{r1} of tensor '{name}' cannot be read",
+                self.src.path().display()
+            ))
+        })?;
+        v.expect_shape(&[r1 - r0, c.d_model])?;
         Linear::from_view(&v, self.quant)
     }
     /// Build layer `i` (reads and repacks its tensors).
@@ -410,7 +438,7 @@ impl Model {
             .collect();
         let (_, head_bytes) = recipe.head(c);
         let total = layer_bytes.iter().sum::<u64>() + head_bytes;
-        let plan = match opts.mem_budget {
+        let mut plan = match opts.mem_budget {
             Some(b) => crate::store::plan(&layer_bytes, head_bytes, b.bytes(total)),
             None => crate::store::Plan::all_resident(&layer_bytes, head_bytes),
         };
@@ -424,8 +452,10 @@ impl Model {
                 }
                 Some(l)
             } else {
-                // Validate now (a bad tensor must fail at load, not mid-generation), then drop.
-                recipe.build_layer(c, i)?;
+                // Validate now (a bad tensor must fail at load, not mid-generation), then drop;
+                // its in-memory size sizes the staging buffers.
+                let l = recipe.build_layer(c, i)?;
+                plan.unit_mem_bytes = plan.unit_mem_bytes.max(l.weight_bytes() as u64);
                 for t in recipe.layer_tensors(c, i) {
                     src.release(&t);
                 }
@@ -435,12 +465,21 @@ impl Model {
         let lm_head = if plan.resident_head {
             let h = recipe.build_head(c)?;
             if !c.tied_embeddings {
-                src.release(recipe.head(c).0);
+                src.release(recipe.head_name(c));
             }
             Some(h)
         } else {
-            recipe.build_head(c)?;
-            src.release(recipe.head(c).0);
+            // Validate the shape, then the bytes chunk by chunk as they will be streamed (never
+            // the whole head at once).
+            src.require(recipe.head_name(c))?
+                .expect_shape(&[c.embedding_rows(), d])?;
+            for part in crate::store::head_chunks(c.embedding_rows(), plan.head_chunks) {
+                if let crate::store::Part::HeadRows(r0, r1) = part {
+                    let h = recipe.build_head_rows(c, r0, r1)?;
+                    plan.unit_mem_bytes = plan.unit_mem_bytes.max(h.weight_bytes() as u64);
+                    src.release(recipe.head_name(c));
+                }
+            }
             None
         };
         let weights = Weights {

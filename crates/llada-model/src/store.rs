@@ -9,7 +9,11 @@
 //!
 //! Streaming is double-buffered: a prefetch thread reads and repacks streamed unit `i + 1`
 //! (into its staging buffers) while the dense lane computes unit `i`; a rendezvous channel
-//! bounds the staging memory to two units. After a unit is built its file range is dropped from
+//! bounds the staging memory to two units (plus one tensor's read buffer). A streamed LM head
+//! is read in row chunks of at most a layer's bytes (at least four), each multiplied as it
+//! lands, so no staging buffer is larger than a layer and the head's reads overlap its own
+//! product. Every weight buffer is counted ([`llada_kernels::weight_memory`]): the weight
+//! memory a budget governs is measured exactly, apart from RSS. After a unit is built its file range is dropped from
 //! the mapping and the page cache (`MADV_DONTNEED` + `POSIX_FADV_DONTNEED`), so the next pass
 //! reads storage again — the reads are real. An optional bandwidth emulates a phone's flash
 //! (`--storage-bw`): a read of `b` bytes takes at least `b / bw` seconds.
@@ -74,6 +78,12 @@ pub struct Plan {
     pub resident_head: bool,
     pub layer_bytes: Vec<u64>,
     pub head_bytes: u64,
+    /// A streamed head is read in this many row chunks (each about one layer's bytes), so it
+    /// needs no staging buffer larger than a layer's and its reads overlap its own compute.
+    pub head_chunks: usize,
+    /// In-memory (repacked) bytes of the largest streamed unit, measured when the units are
+    /// validated at load; 0 until then.
+    pub unit_mem_bytes: u64,
     pub budget: Option<u64>,
 }
 
@@ -84,6 +94,8 @@ impl Plan {
             resident_head: true,
             layer_bytes: layer_bytes.to_vec(),
             head_bytes,
+            head_chunks: 1,
+            unit_mem_bytes: 0,
             budget: None,
         }
     }
@@ -117,9 +129,22 @@ impl Plan {
             .zip(&self.resident_layers)
             .filter(|(_, r)| !**r)
             .map(|(b, _)| *b)
-            .chain((!self.resident_head).then_some(self.head_bytes))
+            .chain(
+                (!self.resident_head).then_some(self.head_bytes.div_ceil(self.head_chunks as u64)),
+            )
             .max()
             .unwrap_or(0)
+    }
+    /// Weight staging memory of the stream, an upper bound: the unit in use and the next one
+    /// being built (each at most the largest unit in memory, [`Self::unit_mem_bytes`], or its
+    /// file bytes before load measured it), plus the build's transients — one tensor's read
+    /// buffer and the copy that fuses q/k/v or gate/up into one matrix — at most one more unit.
+    pub fn staging_bytes(&self) -> u64 {
+        if self.streams_nothing() {
+            0
+        } else {
+            3 * self.unit_mem_bytes.max(self.largest_streamed())
+        }
     }
 }
 
@@ -141,11 +166,21 @@ pub fn plan(layer_bytes: &[u64], head_bytes: u64, budget: u64) -> Plan {
             }
         })
         .collect();
+    // A streamed head is split into chunks of at most the largest layer, and at least four (so
+    // that reading chunk j + 1 overlaps the product with chunk j).
+    let unit = layer_bytes.iter().copied().max().unwrap_or(0).max(1);
+    let head_chunks = if resident_head {
+        1
+    } else {
+        (head_bytes.div_ceil(unit) as usize).max(4)
+    };
     Plan {
         resident_layers,
         resident_head,
         layer_bytes: layer_bytes.to_vec(),
         head_bytes,
+        head_chunks,
+        unit_mem_bytes: 0,
         budget: Some(budget),
     }
 }
@@ -178,10 +213,12 @@ impl StagedSource {
     }
 }
 
-impl TensorSource for StagedSource {
-    fn get(&self, name: &str) -> Option<TensorView> {
-        let v = self.inner.get(name)?;
-        let mut buf = vec![0u8; v.len];
+impl StagedSource {
+    /// Read `v`'s bytes with one `pread` into a counted staging buffer and drop them from the
+    /// page cache; `v` itself (the mapping's view) when the file cannot be read directly (e.g.
+    /// a source that is not a plain file): the numbers are the same.
+    fn stage(&self, v: TensorView) -> TensorView {
+        let mut buf = llada_kernels::StagingBytes::zeroed(v.len);
         let ok = (|| -> std::io::Result<()> {
             use std::os::unix::fs::FileExt;
             let mut files = self
@@ -194,7 +231,9 @@ impl TensorSource for StagedSource {
             let f = files
                 .get(&v.file)
                 .ok_or_else(|| std::io::Error::other("file vanished"))?;
-            f.read_exact_at(&mut buf, v.offset as u64)?;
+            // Views of a mapped file own the whole file: their offset is the file offset.
+            let at = v.offset as u64;
+            f.read_exact_at(buf.as_mut_slice(), at)?;
             #[cfg(target_os = "linux")]
             {
                 use std::os::fd::AsRawFd;
@@ -202,7 +241,7 @@ impl TensorSource for StagedSource {
                 unsafe {
                     libc::posix_fadvise(
                         f.as_raw_fd(),
-                        v.offset as libc::off_t,
+                        at as libc::off_t,
                         v.len as libc::off_t,
                         libc::POSIX_FADV_DONTNEED,
                     );
@@ -210,17 +249,26 @@ impl TensorSource for StagedSource {
             }
             Ok(())
         })();
-        // The mapping's own view is the fallback when the file cannot be read directly (e.g.
-        // a source that is not a plain file): the numbers are the same.
         if ok.is_err() {
-            return Some(v);
+            return v;
         }
         let owner: llada_kernels::ByteOwner = std::sync::Arc::new(buf);
-        Some(TensorView {
+        TensorView {
             owner,
             offset: 0,
             ..v
-        })
+        }
+    }
+}
+
+impl TensorSource for StagedSource {
+    fn get(&self, name: &str) -> Option<TensorView> {
+        let v = self.inner.get(name)?;
+        Some(self.stage(v))
+    }
+    fn get_rows(&self, name: &str, r0: usize, r1: usize) -> Option<TensorView> {
+        let v = self.inner.get(name)?.rows(r0, r1)?;
+        Some(self.stage(v))
     }
     fn names(&self) -> Vec<String> {
         self.inner.names()
@@ -245,7 +293,15 @@ pub struct WeightStore {
 /// One streamed unit, built by the prefetch thread.
 pub(crate) enum Unit {
     Layer(Box<Layer>),
-    Head(Linear),
+    /// Rows `[r0, r0 + rows)` of the LM head.
+    HeadRows(usize, Linear),
+}
+
+/// What one streamed unit is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Part {
+    Layer(usize),
+    HeadRows(usize, usize),
 }
 
 impl WeightStore {
@@ -258,35 +314,40 @@ impl WeightStore {
         }
     }
 
-    /// The streamed units of one pass, in the order the pass needs them: `(layer index or
-    /// None for the head)`.
-    fn order(&self) -> Vec<Option<usize>> {
-        let mut v: Vec<Option<usize>> = self
+    /// The streamed units of one pass, in the order the pass needs them.
+    pub(crate) fn order(&self, c: &ModelConfig) -> Vec<Part> {
+        let mut v: Vec<Part> = self
             .plan
             .resident_layers
             .iter()
             .enumerate()
             .filter(|(_, r)| !**r)
-            .map(|(i, _)| Some(i))
+            .map(|(i, _)| Part::Layer(i))
             .collect();
         if !self.plan.resident_head {
-            v.push(None);
+            v.extend(head_chunks(c.embedding_rows(), self.plan.head_chunks));
         }
         v
     }
 
-    fn build(&self, c: &ModelConfig, unit: Option<usize>) -> Result<Unit, ModelError> {
+    fn build(&self, c: &ModelConfig, unit: Part) -> Result<Unit, ModelError> {
         let t = Instant::now();
         let (u, names, bytes) = match unit {
-            Some(i) => (
+            Part::Layer(i) => (
                 Unit::Layer(Box::new(self.recipe.build_layer(c, i)?)),
                 self.recipe.layer_tensors(c, i),
                 self.plan.layer_bytes[i],
             ),
-            None => (
-                Unit::Head(self.recipe.build_head(c)?),
-                vec![self.recipe.head(c).0.to_string()],
-                self.plan.head_bytes,
+            // Each chunk's pages were dropped as it was read; the mapping (which the embedding
+            // lookup of a tied head touches) is released once per pass, after the last chunk.
+            Part::HeadRows(r0, r1) => (
+                Unit::HeadRows(r0, self.recipe.build_head_rows(c, r0, r1)?),
+                if r1 == c.embedding_rows() {
+                    vec![self.recipe.head_name(c).to_string()]
+                } else {
+                    vec![]
+                },
+                self.plan.head_bytes * (r1 - r0) as u64 / c.embedding_rows().max(1) as u64,
             ),
         };
         for n in &names {
@@ -318,7 +379,7 @@ impl WeightStore {
         let (tx, rx): (SyncSender<_>, Receiver<_>) = std::sync::mpsc::sync_channel(0);
         scope.spawn(move || {
             llada_runtime::trace::set_thread_lane("storage");
-            for u in self.order() {
+            for u in self.order(c) {
                 let r = self.build(c, u);
                 let failed = r.is_err();
                 if tx.send(r).is_err() || failed {
@@ -340,6 +401,12 @@ impl WeightStore {
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
     }
+}
+
+/// `n` row ranges covering `rows` (the head's chunks), in order.
+pub(crate) fn head_chunks(rows: usize, n: usize) -> impl Iterator<Item = Part> {
+    let n = n.clamp(1, rows.max(1));
+    (0..n).map(move |k| Part::HeadRows(k * rows / n, (k + 1) * rows / n))
 }
 
 /// This process's peak resident set size (bytes), from /proc (Linux; `None` elsewhere).
@@ -386,7 +453,29 @@ mod tests {
         let p = plan(&layers, 15, 12);
         assert!(!p.resident_head);
         assert_eq!(p.resident_layers, vec![true, false, false, false]);
-        assert_eq!(p.largest_streamed(), 15);
+        // ... in at least four chunks of at most a layer's bytes.
+        assert_eq!(p.head_chunks, 4);
+        assert_eq!(p.largest_streamed(), 10);
+        assert_eq!(p.staging_bytes(), 30);
         assert!(plan(&layers, 15, 1000).streams_nothing());
+        assert_eq!(plan(&layers, 15, 1000).staging_bytes(), 0);
+    }
+
+    #[test]
+    fn head_chunks_cover_the_rows_once_in_order() {
+        for (rows, n) in [(10, 3), (49152, 14), (5, 8), (7, 1)] {
+            let parts: Vec<Part> = head_chunks(rows, n).collect();
+            assert_eq!(parts.len(), n.min(rows));
+            let mut next = 0;
+            for p in parts {
+                let Part::HeadRows(r0, r1) = p else {
+                    panic!("not a head chunk")
+                };
+                assert_eq!(r0, next);
+                assert!(r1 > r0);
+                next = r1;
+            }
+            assert_eq!(next, rows);
+        }
     }
 }
