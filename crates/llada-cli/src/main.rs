@@ -66,7 +66,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text from one prompt (streams to stdout).
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// Interactive chat with the model's chat template (/reset clears, /exit quits).
     Chat(ChatArgs),
     /// Download a model by alias into the cache (`llada fetch smollm2`).
@@ -368,7 +368,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             println!(
                 "{}",
                 serde_json::json!({"model": model.path.display().to_string(), "mode": "speculative",
-                    "draft": a.spec.draft, "tree": a.spec.tree, "text": text, "tokens": out.tokens,
+                    "draft": a.spec.draft, "tree": a.spec.tree, "ahasd": a.spec.ahasd, "text": text, "tokens": out.tokens,
                     "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(),
                     "verify_passes": out.verify_passes, "mean_accepted": out.mean_accepted(),
                     "tree_nodes": out.tree_nodes,
@@ -379,14 +379,21 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         } else {
             println!("{text}");
             eprintln!(
-                "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, tree {}]",
+                "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, {}]",
                 out.tokens.len(),
                 out.total_s - out.prefill_s,
                 out.tokens.len() as f64 / (out.total_s - out.prefill_s).max(1e-9),
                 out.verify_passes,
                 out.mean_accepted(),
                 a.spec.draft,
-                a.spec.tree
+                match &a.spec.ahasd {
+                    Some(m) => format!(
+                        "AHASD {m}{}{}",
+                        if a.spec.edc { " + EDC" } else { "" },
+                        if a.spec.tvc { " + TVC" } else { "" }
+                    ),
+                    None => format!("tree {}", a.spec.tree),
+                }
             );
             if let Some(line) = memory_report(&model, rss_before_load).1 {
                 eprintln!("{line}");
@@ -569,7 +576,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Generate(a) => run_generate(a),
+        Cmd::Generate(a) => run_generate(*a),
         Cmd::Chat(a) => run_chat(a),
         Cmd::Fetch { name, list } => {
             if list || name.is_none() {

@@ -43,6 +43,22 @@ pub struct SpecArgs {
     /// train-probe`): tree nodes the probe rejects at a middle layer skip the remaining layers.
     #[arg(long)]
     pub early_exit: bool,
+    /// AHASD pipeline instead of one-pass tree verification (greedy only): `async` runs the
+    /// drafter on its own lane and thread, drafting ahead while the target verifies; `sync`
+    /// is the same pipeline in lock-step (its baseline).
+    #[arg(long, value_parser = ["sync", "async"])]
+    pub ahasd: Option<String>,
+    /// AHASD: entropy-history drafting control (stop drafting when the entropy history
+    /// predicts rejection).
+    #[arg(long)]
+    pub edc: bool,
+    /// AHASD: time-aware pre-verification (the draft lane verifies pending drafts with the
+    /// target while it would idle).
+    #[arg(long)]
+    pub tvc: bool,
+    /// AHASD: tokens per draft batch.
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
 }
 
 impl SpecArgs {
@@ -190,6 +206,9 @@ pub fn run_generate(
     let draft_lane = Lane::new("draft", 1)?;
     let sparse = Lane::new("sparse", 1)?;
     let mut d = src.drafter(target, &draft_lane, cfg.sampling.temperature)?;
+    if a.ahasd.is_none() && (a.edc || a.tvc) {
+        bail!("--edc and --tvc are gates of the AHASD pipeline: add --ahasd async (or sync)");
+    }
     let stop: Vec<u32> = if cfg.stop_at_eos {
         target
             .tokenizer
@@ -202,6 +221,43 @@ pub fn run_generate(
     } else {
         vec![]
     };
+    if let Some(mode) = &a.ahasd {
+        if cfg.sampling.temperature > 0.0 {
+            bail!("--ahasd verifies greedily: use --temperature 0");
+        }
+        if exit.is_some() {
+            bail!("--early-exit prunes tree verification; the AHASD pipeline verifies chains");
+        }
+        if a.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        let o = llada_decode::speculative::ahasd::generate(
+            target,
+            lane,
+            &draft_lane,
+            d.as_mut(),
+            ids,
+            &llada_decode::speculative::ahasd::AsyncConfig {
+                max_tokens: cfg.max_tokens,
+                batch: a.batch,
+                max_verify: 16,
+                edc: a.edc,
+                tvc: a.tvc,
+                synchronous: mode == "sync",
+                stop_ids: stop,
+            },
+        )?;
+        return Ok(SpecOutput {
+            tokens: o.tokens,
+            verify_passes: o.verify_passes,
+            accepted: o.accepted,
+            draft_s: o.draft_busy_s,
+            verify_s: o.verify_busy_s,
+            prefill_s: o.prefill_s,
+            total_s: o.total_s,
+            ..Default::default()
+        });
+    }
     Ok(spec_generate(
         target,
         lane,
@@ -258,6 +314,8 @@ struct SpecRun {
     /// Weight bytes read from storage per generated token.
     bytes_per_token: f64,
     peak_rss_bytes: Option<u64>,
+    /// Peak weight memory (resident + staged) during this configuration, counted exactly.
+    weights_peak_bytes: u64,
     accepted_len: f64,
     tree_nodes_per_pass: f64,
     verify_passes: usize,
@@ -288,6 +346,7 @@ const PROMPTS: [(&str, bool); 8] = [
 /// peak is its own.
 fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+    llada_kernels::weight_memory::reset_peak();
 }
 
 pub fn bench(a: SpecBenchArgs) -> Result<()> {
@@ -316,7 +375,6 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         };
         let rss_before = llada_model::store::rss_bytes();
         reset_peak_rss();
-        llada_kernels::weight_memory::reset_peak();
         let target = Model::load(
             &path,
             &LoadOptions {
@@ -326,6 +384,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             },
         )
         .with_context(|| format!("loading {}", path.display()))?;
+        let load_weights_peak = llada_kernels::weight_memory::peak();
         let (resident_w, staging_w, budget_b) =
             target.store.as_ref().map_or((None, None, None), |st| {
                 (
@@ -387,6 +446,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             tokens_per_s: ar_tokens as f64 / ar_s,
             bytes_per_token: (streamed(&target) - b0) as f64 / ar_tokens.max(1) as f64,
             peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+            weights_peak_bytes: llada_kernels::weight_memory::peak(),
             accepted_len: 0.0,
             tree_nodes_per_pass: 0.0,
             verify_passes: ar_tokens,
@@ -472,6 +532,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     tokens_per_s: toks as f64 / s,
                     bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
                     peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+                    weights_peak_bytes: llada_kernels::weight_memory::peak(),
                     accepted_len: acc as f64 / passes.max(1) as f64,
                     tree_nodes_per_pass: nodes as f64 / passes.max(1) as f64,
                     verify_passes: passes,
@@ -528,6 +589,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     tokens_per_s: toks as f64 / s,
                     bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
                     peak_rss_bytes: llada_model::store::peak_rss_bytes(),
+                    weights_peak_bytes: llada_kernels::weight_memory::peak(),
                     accepted_len: acc as f64 / passes.max(1) as f64,
                     tree_nodes_per_pass: 0.0,
                     verify_passes: passes,
@@ -541,7 +603,21 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         }
         // Weight memory is counted exactly (every packed weight and staging read buffer); RSS
         // also holds the tokenizer, KV caches, logits, drafts and the allocator's slack.
-        let weights_peak = llada_kernels::weight_memory::peak();
+        // Loading, then each configuration (TVC pre-verifies with the target on the draft
+        // lane: a second streamed pass, so twice the staging while both run).
+        let weights_peak = runs[runs_before..]
+            .iter()
+            .map(|r| r.weights_peak_bytes)
+            .chain([load_weights_peak])
+            .max()
+            .unwrap_or(0);
+        let peak_without_tvc = runs[runs_before..]
+            .iter()
+            .filter(|r| !r.config.contains("tvc"))
+            .map(|r| r.weights_peak_bytes)
+            .chain([load_weights_peak])
+            .max()
+            .unwrap_or(0);
         let bound = budget_b.zip(staging_w).map(|(b, s)| b + s);
         memory.push(serde_json::json!({
             "budget": budget,
@@ -550,7 +626,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             "resident_weight_bytes": resident_w,
             "staging_bytes": staging_w,
             "weights_peak_bytes": weights_peak,
-            "weights_within_budget_plus_staging_10pct": bound.map(|b| weights_peak as f64 <= 1.1 * b as f64),
+            "weights_peak_without_tvc_bytes": peak_without_tvc,
+            "weights_within_budget_plus_staging_10pct": bound.map(|b| peak_without_tvc as f64 <= 1.1 * b as f64),
             "peak_rss_bytes": runs[runs_before..].iter().filter_map(|r| r.peak_rss_bytes).max(),
         }));
     }
@@ -590,13 +667,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         "threads": threads,
     });
     std::fs::create_dir_all(&a.out_dir)?;
-    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | accepted / pass | tree nodes / pass | verify passes | compute saved | draft / verify lane busy | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | weights peak MB | accepted / pass | tree nodes / pass | verify passes | compute saved | draft / verify lane busy | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from(
-        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,draft_util,verify_util,identical,prompts\n",
+        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,weights_peak_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,draft_util,verify_util,identical,prompts\n",
     );
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.2} | {:.1} | {} | {:.0}% | {:.0}% / {:.0}% | {}/{} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.1} | {:.2} | {:.1} | {} | {:.0}% | {:.0}% / {:.0}% | {}/{} |\n",
             r.config,
             r.draft,
             r.budget,
@@ -604,6 +681,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.bytes_per_token / 1e6,
             r.peak_rss_bytes
                 .map_or("–".into(), |b| format!("{:.0}", b as f64 / 1e6)),
+            r.weights_peak_bytes as f64 / 1e6,
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
@@ -614,13 +692,14 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.prompts
         ));
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.config,
             r.draft,
             r.budget,
             r.tokens_per_s,
             r.bytes_per_token,
             r.peak_rss_bytes.map(|b| b.to_string()).unwrap_or_default(),
+            r.weights_peak_bytes,
             r.accepted_len,
             r.tree_nodes_per_pass,
             r.verify_passes,
@@ -631,19 +710,20 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.prompts
         ));
     }
-    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
+    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB (without TVC) | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
     let mb = |v: &serde_json::Value| {
         v.as_u64()
             .map_or("–".into(), |b| format!("{:.1}", b as f64 / 1e6))
     };
     for m in &memory {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} ({}) |\n",
+            "| {} | {} | {} | {} | {} ({}) | {} ({}) |\n",
             m["budget"].as_str().unwrap_or("?"),
             mb(&m["budget_bytes"]),
             mb(&m["resident_weight_bytes"]),
             mb(&m["staging_bytes"]),
             mb(&m["weights_peak_bytes"]),
+            mb(&m["weights_peak_without_tvc_bytes"]),
             mb(&m["peak_rss_bytes"]),
             mb(&m["rss_before_load_bytes"]),
         ));

@@ -140,6 +140,23 @@ fn bad_input_is_a_clear_error() {
         ),
         (&["generate", "hi", "--quantize", "q3_z"], "--quantize"),
         (&["info", "/etc/hostname"], "not a GGUF file"),
+        (
+            &["generate", "hi", "--mode", "speculative", "--edc"],
+            "--ahasd",
+        ),
+        (
+            &[
+                "generate",
+                "hi",
+                "--mode",
+                "speculative",
+                "--ahasd",
+                "async",
+                "-t",
+                "0.7",
+            ],
+            "greedily",
+        ),
     ];
     for (args, needle) in cases {
         let out = llada().args(*args).output().unwrap();
@@ -260,6 +277,17 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
             "25%",
         ],
         vec!["--draft", head.as_str(), "--tree", "topk"],
+        // The AHASD pipeline, asynchronous with both gates, under a budget.
+        vec![
+            "--draft",
+            draft.to_str().unwrap(),
+            "--ahasd",
+            "async",
+            "--edc",
+            "--tvc",
+            "--mem-budget",
+            "50%",
+        ],
     ] {
         let mut args = vec![
             "generate",

@@ -9,7 +9,14 @@
 //!   counters (initialised weakly taken, 2) by {mean level of the ring's upper half, of its
 //!   lower half, unverified count}; drafting continues iff the counter is ≥ 2. On verification
 //!   a fully accepted batch increments its counter and commits the history; otherwise the
-//!   counter is decremented and the history rolled back to the committed one.
+//!   counter is decremented and the history rolled back to the committed one. The gate decides
+//!   whether to *keep* drafting ahead: a round with nothing pending always drafts its first
+//!   batch (a closed gate could otherwise never reopen).
+//!
+//! When the queue is empty the verifier waits for the next batch if that pays — a pass
+//! without drafts emits one token in `T_v`, waiting `w` for a batch emits `1 + a` in `T_v + w`
+//! — and a batch drafted while the verifier committed is re-aligned to the committed sequence
+//! (its tokens the verifier already emitted are dropped; a batch that disagrees is discarded).
 //! * **TVC** (time-aware pre-verification): the verifier's remaining time is predicted from its
 //!   last few (time per token, KV length) records; when the drafter would otherwise idle it
 //!   pre-verifies the earliest pending drafts with the target on its own lane, as many as the
@@ -189,7 +196,21 @@ struct Shared {
     tvc: Tvc,
     verify_started: Option<Instant>,
     verify_expected: f64,
+    /// Running means for the verifier's wait decision: seconds per draft batch, seconds per
+    /// verification pass, drafts accepted per pass that had drafts to verify.
+    draft_batch_s: f64,
+    verify_pass_s: f64,
+    accepted_per_pass: f64,
     out: AsyncOutput,
+}
+
+/// Running mean with weight 1/4 on the new value (the first value is taken as is).
+fn ema(old: f64, new: f64) -> f64 {
+    if old == 0.0 {
+        new
+    } else {
+        0.75 * old + 0.25 * new
+    }
 }
 
 /// Greedy target verification of `chain` after `ctx` (cache holds ctx[..len−1]); returns the
@@ -228,6 +249,31 @@ fn verify_chain(
             return Ok((k, y));
         }
     }
+}
+
+/// A batch drafted after `ctx`, re-aligned to the sequence now known (`committed` + `pending`):
+/// `Ok(tokens that extend it)` when `ctx` is a prefix of that sequence and the batch agrees
+/// with the tokens committed since (possibly none left), `Err(batch length)` otherwise.
+fn align_batch(
+    committed: &[u32],
+    pending: &VecDeque<Pending>,
+    ctx: &[u32],
+    batch: Vec<u32>,
+) -> Result<Vec<u32>, usize> {
+    let now: Vec<u32> = committed
+        .iter()
+        .copied()
+        .chain(pending.iter().map(|p| p.token))
+        .collect();
+    if now.len() < ctx.len() || now[..ctx.len()] != *ctx {
+        return Err(batch.len());
+    }
+    let known = &now[ctx.len()..];
+    let overlap = known.len().min(batch.len());
+    if batch[..overlap] != known[..overlap] {
+        return Err(batch.len());
+    }
+    Ok(batch[overlap..].to_vec())
 }
 
 /// Draft `n` tokens greedily after `ctx`; returns tokens and the mean entropy.
@@ -290,6 +336,9 @@ pub fn generate(
         tvc: Tvc::default(),
         verify_started: None,
         verify_expected: 0.0,
+        draft_batch_s: 0.0,
+        verify_pass_s: 0.0,
+        accepted_per_pass: 1.0,
         out: AsyncOutput::default(),
     });
     let cv = Condvar::new();
@@ -310,7 +359,10 @@ pub fn generate(
             }
             let mut ctx = s.committed.clone();
             ctx.extend(s.pending.iter().map(|p| p.token));
-            let gate_ok = !cfg.edc || s.edc.should_draft();
+            // EDC decides whether to *keep* drafting ahead of the verifier; a new round (nothing
+            // pending) always drafts its first batch — else a gate that closed could never
+            // reopen (its counters only move when drafts are verified).
+            let gate_ok = !cfg.edc || s.pending.is_empty() || s.edc.should_draft();
             (ctx, s.epoch, gate_ok, s.pending.len() >= MAX_UNVERIFIED)
         };
         if gate_ok && !full {
@@ -318,10 +370,22 @@ pub fn generate(
             let (toks, h) = draft_batch(drafter, &ctx, cfg.batch)?;
             let mut s = lock()?;
             s.out.draft_busy_s += t.elapsed().as_secs_f64();
-            if s.epoch != epoch || toks.is_empty() {
-                s.out.discarded += toks.len();
-                return Ok(true);
-            }
+            s.draft_batch_s = ema(s.draft_batch_s, t.elapsed().as_secs_f64());
+            // The verifier may have committed tokens meanwhile: keep the part of the batch
+            // that still extends committed + pending (none after a cancellation).
+            let toks = if s.epoch == epoch {
+                align_batch(&s.committed, &s.pending, &ctx, toks)
+            } else {
+                Err(toks.len())
+            };
+            let toks = match toks {
+                Ok(t) if !t.is_empty() => t,
+                Ok(_) => return Ok(true),
+                Err(n) => {
+                    s.out.discarded += n;
+                    return Ok(true);
+                }
+            };
             let idx = s.edc.on_draft(h);
             s.out.drafted += toks.len();
             let n = toks.len();
@@ -419,6 +483,10 @@ pub fn generate(
         let secs = t.elapsed().as_secs_f64();
         let mut s = lock()?;
         s.tvc.record(secs, chain.len() + 1, ctx.len());
+        s.verify_pass_s = ema(s.verify_pass_s, secs);
+        if !chain.is_empty() {
+            s.accepted_per_pass = 0.75 * s.accepted_per_pass + 0.25 * k as f64;
+        }
         s.out.verify_busy_s += secs;
         s.out.verify_passes += 1;
         s.out.accepted += k;
@@ -448,6 +516,19 @@ pub fn generate(
             s.out.discarded += dropped;
             s.pending.clear();
             s.epoch += 1;
+        } else if let Some(front) = s.pending.front() {
+            // Everything verified was accepted and the target's own token `y` takes the next
+            // position: the queue stays valid only if its next draft is that token.
+            if front.token == y {
+                let p = s.pending.pop_front();
+                if let Some(p) = p.filter(|p| p.batch_end) {
+                    s.edc.on_verify(p.edc_idx, true);
+                }
+            } else {
+                s.out.discarded += s.pending.len();
+                s.pending.clear();
+                s.epoch += 1;
+            }
         }
         let mut stop = false;
         for tok in chain[..k].iter().copied().chain([y]) {
@@ -496,9 +577,31 @@ pub fn generate(
             });
             let r = (|| -> Result<(), ModelError> {
                 while verify_step(&mut cache)? {
-                    // Let the drafter fill the queue if it is empty.
-                    let s = lock()?;
-                    if s.pending.is_empty() && !s.done {
+                    // Nothing to verify: wait for the drafter's next batch when it pays. A
+                    // pass without drafts emits 1 token in T_v; waiting w for a batch emits
+                    // 1 + a in T_v + w, better iff a · T_v > w (a: drafts accepted per pass,
+                    // running means of all three). Without this the verifier, slower than a
+                    // batch, starts every pass after a rejection with an empty queue and the
+                    // pipeline degenerates to target-only decoding.
+                    let mut s = lock()?;
+                    let w = s.draft_batch_s;
+                    if s.pending.is_empty()
+                        && !s.done
+                        && w > 0.0
+                        && s.accepted_per_pass * s.verify_pass_s > w
+                    {
+                        let deadline = Instant::now() + Duration::from_secs_f64((2.0 * w).min(1.0));
+                        while s.pending.is_empty() && !s.done {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                break;
+                            }
+                            s = cv
+                                .wait_timeout(s, left)
+                                .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
+                                .0;
+                        }
+                    } else if s.pending.is_empty() && !s.done {
                         let _ = cv.wait_timeout(s, Duration::from_millis(1));
                     }
                 }
@@ -524,6 +627,41 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn late_batches_are_realigned_to_the_committed_sequence() {
+        let q = |toks: &[u32]| -> VecDeque<Pending> {
+            toks.iter()
+                .map(|&token| Pending {
+                    token,
+                    edc_idx: 0,
+                    batch_end: false,
+                })
+                .collect()
+        };
+        // Nothing changed: the whole batch extends the sequence.
+        assert_eq!(
+            align_batch(&[1, 2], &q(&[3]), &[1, 2, 3], vec![4, 5]),
+            Ok(vec![4, 5])
+        );
+        // The verifier committed 4 meanwhile (its own token): the batch's 4 is dropped.
+        assert_eq!(
+            align_batch(&[1, 2, 3, 4], &q(&[]), &[1, 2, 3], vec![4, 5, 6]),
+            Ok(vec![5, 6])
+        );
+        // ... or committed 7, which the batch did not predict: the batch is stale.
+        assert_eq!(
+            align_batch(&[1, 2, 3, 7], &q(&[]), &[1, 2, 3], vec![4, 5, 6]),
+            Err(3)
+        );
+        // The sequence moved past the whole batch.
+        assert_eq!(
+            align_batch(&[1, 2, 3, 4, 5], &q(&[]), &[1, 2, 3], vec![4]),
+            Ok(vec![])
+        );
+        // A rejection rewrote the context the batch was drafted from.
+        assert_eq!(align_batch(&[1, 9], &q(&[]), &[1, 2, 3], vec![4]), Err(1));
+    }
 
     #[test]
     fn entropy_levels() {
