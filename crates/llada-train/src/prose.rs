@@ -110,7 +110,9 @@ pub fn reduce_vocab(corpus: &mut Corpus, vocab: usize, k: usize) -> (Vec<u32>, f
 }
 
 /// Masked-diffusion pretraining batch: every position masked with probability `t` (at least
-/// one), weight `1 / (t · T)`.
+/// one), weight `1 / (t · T)`. Row `r` draws `t` from the `r`-th of `B` equal slices of
+/// `[ε, 1]` (one shared offset): the marginal is `U(ε, 1)` as in LLaDA, with far less variance
+/// in the 1/t-weighted loss at small batches (the task objective does the same).
 pub fn pretrain_batch(
     rows: &[Vec<u32>],
     mask_id: u32,
@@ -124,8 +126,9 @@ pub fn pretrain_batch(
         Vec::with_capacity(b * t),
         Vec::with_capacity(b * t),
     );
-    for row in rows {
-        let tt: f64 = eps + (1.0 - eps) * rng.random::<f64>();
+    let u: f64 = rng.random();
+    for (r, row) in rows.iter().enumerate() {
+        let tt: f64 = eps + (1.0 - eps) * ((r as f64 + u) / b as f64);
         let mut masked: Vec<bool> = (0..t).map(|_| rng.random::<f64>() < tt).collect();
         if !masked.iter().any(|m| *m) {
             masked[rng.random_range(0..t)] = true;

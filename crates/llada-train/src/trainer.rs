@@ -188,10 +188,12 @@ impl DataSource for ProseData {
                     .windows(heldout, self.batch, self.seq_len + 1, rng),
                 dev,
             )?,
+            // ε = 0.05 as for the tasks: below it, the one position always masked gets a
+            // weight up to 1/(ε·T), and single tokens dominate a small batch's gradient.
             _ => crate::prose::pretrain_batch(
                 &self.corpus.windows(heldout, self.batch, self.seq_len, rng),
                 spec.mask_id,
-                1e-3,
+                0.05,
                 rng,
                 dev,
             )?,
