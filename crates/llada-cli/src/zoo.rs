@@ -124,17 +124,16 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
         init_std: 0.02,
     };
     match name {
-        // LLaDA format, BPE (PROSE_BPE ids) trained on Austen + KJV. Sized for the hour this
-        // machine gives it: d 128 × 4 layers (≈ 1.1 M MACs per token with the head) sees
-        // several epochs of the 2 M-token corpus, where d 192 with a 4096-id head saw less
-        // than one and stayed at the unigram stage. RoPE θ 10⁴ — LLaDA-8B's 5·10⁵ separates
-        // nearby positions poorly at this head size, see docs/training.md.
+        // LLaDA format, BPE 4096 trained on Austen + KJV.
+        // (d 192, 4 layers: ≈ 2 s/step on one core, so the card's 40-minute budget sees about
+        // one epoch; RoPE θ 10⁴ — LLaDA-8B's 5·10⁵ separates nearby positions poorly at this
+        // head size, see docs/training.md.)
         "tiny-llada-prose" => Some((
             ModelSpec {
                 rope_theta: 1e4,
-                ..spec(Format::LLaDA, 128, 4, 4, 4, 384, false, true)
+                ..spec(Format::LLaDA, 192, 4, 6, 6, 512, false, true)
             },
-            6000,
+            3000,
         )),
         // Llama format over SmolLM2's own token ids, tied head: ≈ 11 M MACs/token vs ≈ 134 M.
         "smollm2-draft" => Some((spec(Format::Llama, 192, 4, 6, 2, 512, true, true), 900)),
@@ -157,9 +156,6 @@ pub(crate) fn prose_files() -> Result<[&'static std::path::Path; 2]> {
     Ok(files)
 }
 
-/// Vocabulary of the prose model's BPE.
-const PROSE_BPE: usize = 2048;
-
 /// Rows of `smollm2-draft`'s reduced vocabulary.
 const DRAFT_VOCAB: usize = 8192;
 
@@ -175,11 +171,11 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         (t.inner, eos)
     } else {
         eprintln!(
-            "training a {PROSE_BPE}-token byte-level BPE on {} and {}",
+            "training a 4096-token byte-level BPE on {} and {}",
             files[0].display(),
             files[1].display()
         );
-        (train_bpe(&files, PROSE_BPE)?, 0)
+        (train_bpe(&files, 4096)?, 0)
     };
     let vocab = tokenizer.get_vocab_size(true);
     let (mut spec, steps) = prose_preset(&a.preset, vocab).context("prose preset")?;
