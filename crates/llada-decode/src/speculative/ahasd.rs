@@ -17,6 +17,8 @@
 //! without drafts emits one token in `T_v`, waiting `w` for a batch emits `1 + a` in `T_v + w`
 //! — and a batch drafted while the verifier committed is re-aligned to the committed sequence
 //! (its tokens the verifier already emitted are dropped; a batch that disagrees is discarded).
+//! The drafter drafts ahead only as deep as drafts get used: at most one batch plus twice the
+//! running mean of drafts accepted per pass (≤ the queue bound of 64).
 //! * **TVC** (time-aware pre-verification): the verifier's remaining time is predicted from its
 //!   last few (time per token, KV length) records; when the drafter would otherwise idle it
 //!   pre-verifies the earliest pending drafts with the target on its own lane, as many as the
@@ -363,7 +365,12 @@ pub fn generate(
             // pending) always drafts its first batch — else a gate that closed could never
             // reopen (its counters only move when drafts are verified).
             let gate_ok = !cfg.edc || s.pending.is_empty() || s.edc.should_draft();
-            (ctx, s.epoch, gate_ok, s.pending.len() >= MAX_UNVERIFIED)
+            // Draft ahead only as deep as drafts get used: one batch plus twice the drafts a
+            // pass accepts (running mean), at most the queue bound. Deeper drafts are almost
+            // always discarded, and on shared cores the drafting thread slows the verifier.
+            let depth =
+                (cfg.batch + (2.0 * s.accepted_per_pass).ceil() as usize).min(MAX_UNVERIFIED);
+            (ctx, s.epoch, gate_ok, s.pending.len() + cfg.batch > depth)
         };
         if gate_ok && !full {
             let t = Instant::now();
