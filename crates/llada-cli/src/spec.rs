@@ -605,19 +605,16 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         // also holds the tokenizer, KV caches, logits, drafts and the allocator's slack.
         // Loading, then each configuration (TVC pre-verifies with the target on the draft
         // lane: a second streamed pass, so twice the staging while both run).
-        let weights_peak = runs[runs_before..]
-            .iter()
-            .map(|r| r.weights_peak_bytes)
-            .chain([load_weights_peak])
-            .max()
-            .unwrap_or(0);
-        let peak_without_tvc = runs[runs_before..]
-            .iter()
-            .filter(|r| !r.config.contains("tvc"))
-            .map(|r| r.weights_peak_bytes)
-            .chain([load_weights_peak])
-            .max()
-            .unwrap_or(0);
+        let peak_of = |with_tvc: bool| {
+            runs[runs_before..]
+                .iter()
+                .filter(|r| with_tvc || !r.config.contains("tvc"))
+                .map(|r| r.weights_peak_bytes)
+                .chain([load_weights_peak])
+                .max()
+                .unwrap_or(0)
+        };
+        let (weights_peak, peak_without_tvc) = (peak_of(true), peak_of(false));
         let bound = budget_b.zip(staging_w).map(|(b, s)| b + s);
         memory.push(serde_json::json!({
             "budget": budget,

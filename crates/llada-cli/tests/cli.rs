@@ -201,17 +201,9 @@ fn info_reports_architecture_and_types() {
 fn speculative_and_budgeted_runs_match_plain_greedy() {
     let prompt =
         "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox";
-    let base = run_json(&[
-        "generate",
-        "--raw",
-        prompt,
-        "-n",
-        "24",
-        "--json",
-        "--ignore-eos",
-    ]);
-    for tree in ["chain", "topk", "lever"] {
-        let j = run_json(&[
+    // Greedy, 24 tokens, EOS ignored, plus `extra` options.
+    let greedy = |extra: &[&str]| {
+        let mut args = vec![
             "generate",
             "--raw",
             prompt,
@@ -219,44 +211,20 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
             "24",
             "--json",
             "--ignore-eos",
-            "--mode",
-            "speculative",
-            "--draft",
-            "ngram",
-            "--tree",
-            tree,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        run_json(&args)
+    };
+    let base = greedy(&[]);
+    for tree in ["chain", "topk", "lever"] {
+        let j = greedy(&["--mode", "speculative", "--draft", "ngram", "--tree", tree]);
         assert_eq!(j["tokens"], base["tokens"], "tree {tree}");
         assert!(j["verify_passes"].as_u64().unwrap() <= 24);
     }
     // The repeated sentence is what prompt lookup can predict: fewer passes than tokens.
-    let j = run_json(&[
-        "generate",
-        "--raw",
-        prompt,
-        "-n",
-        "24",
-        "--json",
-        "--ignore-eos",
-        "--mode",
-        "speculative",
-        "--tree",
-        "chain",
-        "--p-min",
-        "0",
-    ]);
+    let j = greedy(&["--mode", "speculative", "--tree", "chain", "--p-min", "0"]);
     assert!(j["verify_passes"].as_u64().unwrap() < 24, "{j}");
-    let b = run_json(&[
-        "generate",
-        "--raw",
-        prompt,
-        "-n",
-        "24",
-        "--json",
-        "--ignore-eos",
-        "--mem-budget",
-        "25%",
-    ]);
+    let b = greedy(&["--mem-budget", "25%"]);
     assert_eq!(b["tokens"], base["tokens"]);
     // The shipped draft (reduced vocabulary) with its early-exit probe, under a budget too,
     // and the self-drafter (the target's first layers + the shipped head): same tokens.
@@ -289,19 +257,9 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
             "50%",
         ],
     ] {
-        let mut args = vec![
-            "generate",
-            "--raw",
-            prompt,
-            "-n",
-            "24",
-            "--json",
-            "--ignore-eos",
-            "--mode",
-            "speculative",
-        ];
+        let mut args = vec!["--mode", "speculative"];
         args.extend(extra.iter().copied());
-        let j = run_json(&args);
+        let j = greedy(&args);
         assert_eq!(j["tokens"], base["tokens"], "{extra:?}");
     }
     // Bad budgets are clear errors.
