@@ -169,6 +169,38 @@ pub struct ProseData {
     /// ([`crate::prose::reduce_vocab`]); the saved `config.json` gets `vocab_size` = the full id
     /// space and `reduced_vocab_ids` = `ids`, which the engine's loader understands.
     pub reduced_vocab: Option<(Vec<u32>, usize)>,
+    /// Distillation set for drafts: `(inputs, labels)` windows of `seq_len` tokens (row
+    /// indices), where `labels[i]` is the target model's argmax after `inputs[..=i]`. When
+    /// non-empty, training batches are drawn from it (hard distillation: the draft learns the
+    /// target's greedy choice, which is what speculative acceptance rewards); the held-out
+    /// loss stays next-token on the corpus.
+    pub distill: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+/// A distillation batch: `b` windows drawn uniformly from `set`, weights `1/T` per position.
+pub fn distill_batch(
+    set: &[(Vec<u32>, Vec<u32>)],
+    b: usize,
+    rng: &mut rand::rngs::StdRng,
+    dev: &Device,
+) -> Result<crate::objective::Batch> {
+    use candle_core::Tensor;
+    let t = set
+        .first()
+        .map(|w| w.0.len())
+        .context("empty distillation set")?;
+    let (mut ids, mut tg) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+    for _ in 0..b {
+        let (x, y) = &set[rand::Rng::random_range(&mut *rng, 0..set.len())];
+        ids.extend_from_slice(x);
+        tg.extend_from_slice(y);
+    }
+    Ok(crate::objective::Batch {
+        ids: Tensor::from_vec(ids, (b, t), dev)?,
+        targets: Tensor::from_vec(tg, (b, t), dev)?,
+        weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
+        tokens: b * t,
+    })
 }
 
 impl DataSource for ProseData {
@@ -182,6 +214,9 @@ impl DataSource for ProseData {
         dev: &Device,
     ) -> Result<crate::objective::Batch> {
         Ok(match spec.format {
+            Format::Llama if !heldout && !self.distill.is_empty() => {
+                distill_batch(&self.distill, self.batch, rng, dev)?
+            }
             Format::Llama => crate::prose::next_token_windows(
                 &self
                     .corpus

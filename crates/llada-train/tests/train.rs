@@ -325,6 +325,7 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         batch: 1,
         seq_len: 8,
         reduced_vocab: Some((ids.clone(), vocab)),
+        distill: vec![],
     };
     save_with(&model, &data, &out).unwrap();
     let loaded = Model::load(&out, &LoadOptions::default()).unwrap();
@@ -366,4 +367,33 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         assert_eq!(in_set, k, "only the reduced ids get logits");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A distillation batch pairs each drawn window with its own labels (never another window's),
+/// weights every position 1/T, and draws from the whole set.
+#[test]
+fn distillation_batches_pair_windows_with_their_labels() {
+    use llada_train::trainer::distill_batch;
+    let set: Vec<(Vec<u32>, Vec<u32>)> = (0..5u32)
+        .map(|k| {
+            (
+                (0..4).map(|i| 10 * k + i).collect(),
+                (0..4).map(|i| 100 + 10 * k + i).collect(),
+            )
+        })
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let b = distill_batch(&set, 64, &mut rng, &Device::Cpu).unwrap();
+    let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+    let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+    let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+    let mut seen = [false; 5];
+    for r in 0..64 {
+        let k = (ids[r][0] / 10) as usize;
+        seen[k] = true;
+        assert_eq!(ids[r], set[k].0);
+        assert_eq!(tg[r], set[k].1);
+        assert!(w[r].iter().all(|&x| (x - 0.25).abs() < 1e-7));
+    }
+    assert!(seen.iter().all(|&s| s));
 }
