@@ -271,8 +271,11 @@ fn async_pipeline_is_lossless() {
     }
     // Drafts made while the verifier commits must stay aligned with the committed sequence:
     // a perfect drafter's drafts are accepted (timing decides how many are ready in time).
+    // Misaligned batches accepted 0–3 % of the tokens; aligned ones 20–40 % depending on load
+    // (20 % with a training run sharing the two cores), so the bound is 10 % — loose enough
+    // for a loaded machine; `late_batches_are_realigned_…` checks alignment deterministically.
     assert!(
-        async_accepted * 4 >= async_tokens,
+        async_accepted * 10 >= async_tokens,
         "{async_accepted} of {async_tokens} async tokens came from accepted drafts"
     );
 }
