@@ -45,10 +45,10 @@ pub struct TrainArgs {
     /// Scale task lengths down (0 < s ≤ 1), e.g. for quick experiments.
     #[arg(long, default_value_t = 1.0)]
     max_scale: f64,
-    /// Override the preset's RoPE base (task presets).
+    /// Override the preset's RoPE base.
     #[arg(long)]
     rope_theta: Option<f64>,
-    /// Override the preset's init standard deviation (task presets).
+    /// Override the preset's init standard deviation (default ≈ 1/√d_model).
     #[arg(long)]
     init_std: Option<f64>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
@@ -70,6 +70,23 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// Apply `--rope-theta` and `--init-std` to a preset's shape (every preset).
+    fn override_spec(&self, spec: &mut ModelSpec) -> Result<()> {
+        if let Some(t) = self.rope_theta {
+            if !(t > 1.0 && t.is_finite()) {
+                bail!("--rope-theta must be > 1");
+            }
+            spec.rope_theta = t;
+        }
+        if let Some(s) = self.init_std {
+            if !(s > 0.0 && s < 1.0) {
+                bail!("--init-std must be in (0, 1)");
+            }
+            spec.init_std = s;
+        }
+        Ok(())
+    }
+
     /// Optimizer options from the flags, with the preset's default step count.
     fn options(&self, default_steps: usize, curriculum: f64) -> TrainOptions {
         let steps = self.steps.unwrap_or(default_steps);
@@ -199,18 +216,16 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     };
     let vocab = tokenizer.get_vocab_size(true);
     let (mut spec, steps) = prose_preset(&a.preset, vocab).context("prose preset")?;
+    a.override_spec(&mut spec)?;
     if a.preset == "smollm2-draft" {
         spec.eos_id = eos;
         spec.bos_id = tokenizer.token_to_id("<|im_start|>").unwrap_or(1);
         spec.mask_id = 0;
     }
-    if a.distill.is_some() && a.preset != "smollm2-draft" {
-        bail!("--distill applies to drafts (--preset smollm2-draft)");
-    }
     eprintln!("tokenizing the corpora (vocab {vocab}) ...");
     let mut corpus = Corpus::load(&files, &tokenizer, eos)?;
     let seq_len = 128;
-    let distill_full = match &a.distill {
+    let mut distill = match &a.distill {
         Some(t) => distill_labels(t, &corpus.train, a.distill_windows, seq_len)?,
         None => vec![],
     };
@@ -234,21 +249,13 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         corpus.heldout.len()
     );
     // Labels and inputs into the draft's rows (ids outside the reduced set: the "other" row).
-    let distill = match &reduced_vocab {
-        Some((ids, vocab)) => {
-            let mut row = vec![ids.len() as u32; *vocab];
-            for (r, &id) in ids.iter().enumerate() {
-                row[id as usize] = r as u32;
-            }
-            let map = |v: &[u32]| -> Vec<u32> {
-                v.iter()
-                    .map(|&t| row.get(t as usize).copied().unwrap_or(ids.len() as u32))
-                    .collect()
-            };
-            distill_full.iter().map(|(x, y)| (map(x), map(y))).collect()
+    if let Some((ids, vocab)) = &reduced_vocab {
+        let row = llada_train::prose::row_map(ids, *vocab);
+        for (x, y) in &mut distill {
+            llada_train::prose::to_rows(&row, ids.len() as u32, x);
+            llada_train::prose::to_rows(&row, ids.len() as u32, y);
         }
-        None => distill_full,
-    };
+    }
     let opts = a.options(steps, 1.0);
     let mut data = ProseData {
         corpus,
@@ -348,6 +355,9 @@ fn report(st: &llada_train::trainer::TrainState) {
 }
 
 pub fn train(a: TrainArgs) -> Result<()> {
+    if a.distill.is_some() && a.preset != "smollm2-draft" {
+        bail!("--distill applies to drafts (--preset smollm2-draft)");
+    }
     if prose_preset(&a.preset, 0).is_some() {
         let out = a
             .out
@@ -356,18 +366,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         return train_prose(&a, &out);
     }
     let (mut spec, steps) = task_preset(&a.preset)?;
-    if let Some(t) = a.rope_theta {
-        if !(t > 1.0 && t.is_finite()) {
-            bail!("--rope-theta must be > 1");
-        }
-        spec.rope_theta = t;
-    }
-    if let Some(s) = a.init_std {
-        if !(s > 0.0 && s < 1.0) {
-            bail!("--init-std must be in (0, 1)");
-        }
-        spec.init_std = s;
-    }
+    a.override_spec(&mut spec)?;
     let out = a
         .out
         .clone()

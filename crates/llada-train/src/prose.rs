@@ -97,16 +97,28 @@ pub fn reduce_vocab(corpus: &mut Corpus, vocab: usize, k: usize) -> (Vec<u32>, f
     order.sort_by_key(|&t| (std::cmp::Reverse(count[t as usize]), t));
     order.truncate(k.min(vocab));
     let covered: u64 = order.iter().map(|&t| count[t as usize]).sum();
-    let mut row = vec![order.len() as u32; vocab];
-    for (r, &t) in order.iter().enumerate() {
-        row[t as usize] = r as u32;
-    }
+    let row = row_map(&order, vocab);
     for s in [&mut corpus.train, &mut corpus.heldout] {
-        for t in s.iter_mut() {
-            *t = row.get(*t as usize).copied().unwrap_or(order.len() as u32);
-        }
+        to_rows(&row, order.len() as u32, s);
     }
     (order, covered as f64 / corpus.train.len().max(1) as f64)
+}
+
+/// Id → row of a reduced vocabulary `ids` (row order) over `vocab` ids; every other id maps to
+/// row `ids.len()`, the shared "other" row.
+pub fn row_map(ids: &[u32], vocab: usize) -> Vec<u32> {
+    let mut row = vec![ids.len() as u32; vocab];
+    for (r, &t) in ids.iter().enumerate() {
+        row[t as usize] = r as u32;
+    }
+    row
+}
+
+/// Rewrite full ids to rows with a [`row_map`]; ids beyond the map become `other`.
+pub fn to_rows(row: &[u32], other: u32, tokens: &mut [u32]) {
+    for t in tokens.iter_mut() {
+        *t = row.get(*t as usize).copied().unwrap_or(other);
+    }
 }
 
 /// Masked-diffusion pretraining batch: every position masked with probability `t` (at least
