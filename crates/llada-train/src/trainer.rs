@@ -294,6 +294,32 @@ fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_
     Ok(weighted_ce(&logits, b, s.format == Format::Dream)?)
 }
 
+/// How far a run is, in [0, 1]: the step fraction, or — when the run has a time budget — the
+/// larger of that and the fraction of the budget spent. The curriculum and the learning-rate
+/// decay follow it, so a run cut by `--minutes` still ends annealed at full task lengths
+/// (step-based schedules left time-cut runs at a high learning rate and at 60 % of the
+/// lengths). The price: where a time-budgeted run ends, and its schedule, depend on the
+/// machine's speed; batches stay seeded per step.
+pub fn run_progress(opts: &TrainOptions, step: usize, wall_s: f64) -> f64 {
+    let by_step = step as f64 / opts.steps.max(1) as f64;
+    let by_time = opts
+        .time_budget_s
+        .filter(|b| *b > 0.0)
+        .map_or(0.0, |b| wall_s / b);
+    by_step.max(by_time).clamp(0.0, 1.0)
+}
+
+/// Linear warm-up over `opts.warmup` steps, then cosine decay to 10 % of the peak over the
+/// rest of the run's progress ([`run_progress`]).
+pub fn learning_rate(opts: &TrainOptions, step: usize, progress: f64) -> f64 {
+    if step < opts.warmup {
+        return opts.lr * (step + 1) as f64 / opts.warmup.max(1) as f64;
+    }
+    let p0 = opts.warmup as f64 / opts.steps.max(1) as f64;
+    let p = ((progress - p0) / (1.0 - p0).max(1e-9)).clamp(0.0, 1.0);
+    opts.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos()))
+}
+
 /// Train a task model; resumes from `out` when it holds a checkpoint and `resume` is set.
 pub fn train_tasks(
     spec: ModelSpec,
@@ -380,14 +406,9 @@ pub fn train(
         let mut rng = rand::rngs::StdRng::seed_from_u64(
             opts.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
         );
-        let progress = step as f64 / opts.steps.max(1) as f64;
+        let progress = run_progress(&opts, step, wall0 + t0.elapsed().as_secs_f64());
         let batch = data.batch(step, progress, &model.spec, false, &mut rng, &dev)?;
-        let lr = if step < opts.warmup {
-            opts.lr * (step + 1) as f64 / opts.warmup as f64
-        } else {
-            let p = (step - opts.warmup) as f64 / (opts.steps - opts.warmup).max(1) as f64;
-            opts.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos()))
-        };
+        let lr = learning_rate(&opts, step, progress);
         opt.set_learning_rate(lr);
         let loss = batch_loss(&model, &batch)?;
         let ntok = batch.tokens;
