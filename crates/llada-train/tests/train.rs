@@ -415,16 +415,33 @@ fn time_budget_drives_the_schedule() {
         time_budget_s: None,
     };
     assert!((run_progress(&o, 500, 1e6) - 0.5).abs() < 1e-12);
-    assert!((learning_rate(&o, 0, 0.0) - 1e-4).abs() < 1e-12, "warm-up starts at lr/warmup");
-    assert!((learning_rate(&o, 10, 0.01) - 1e-3).abs() < 1e-9, "peak after warm-up");
-    assert!((learning_rate(&o, 999, 1.0) - 1e-4).abs() < 1e-9, "floor at the end");
+    assert!(
+        (learning_rate(&o, 0, 0.0) - 1e-4).abs() < 1e-12,
+        "warm-up starts at lr/warmup"
+    );
+    assert!(
+        (learning_rate(&o, 10, 0.01) - 1e-3).abs() < 1e-9,
+        "peak after warm-up"
+    );
+    assert!(
+        (learning_rate(&o, 999, 1.0) - 1e-4).abs() < 1e-9,
+        "floor at the end"
+    );
     o.time_budget_s = Some(100.0);
-    assert!((run_progress(&o, 100, 50.0) - 0.5).abs() < 1e-12, "time ahead of steps");
-    assert!((run_progress(&o, 800, 50.0) - 0.8).abs() < 1e-12, "steps ahead of time");
+    assert!(
+        (run_progress(&o, 100, 50.0) - 0.5).abs() < 1e-12,
+        "time ahead of steps"
+    );
+    assert!(
+        (run_progress(&o, 800, 50.0) - 0.8).abs() < 1e-12,
+        "steps ahead of time"
+    );
     assert_eq!(run_progress(&o, 100, 250.0), 1.0);
     let p = run_progress(&o, 300, 100.0);
     assert!((learning_rate(&o, 300, p) - 1e-4).abs() < 1e-9);
     // Monotone decay after warm-up.
-    let lrs: Vec<f64> = (0..=10).map(|i| learning_rate(&o, 20, i as f64 / 10.0)).collect();
+    let lrs: Vec<f64> = (0..=10)
+        .map(|i| learning_rate(&o, 20, i as f64 / 10.0))
+        .collect();
     assert!(lrs.windows(2).all(|w| w[1] <= w[0] + 1e-15), "{lrs:?}");
 }
