@@ -9,7 +9,7 @@ use llada_decode::diffusion::{
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
-use llada_train::tasks::{held_out_subset, TASKS};
+use llada_train::tasks::{char_score, held_out_subset, TASKS};
 use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
@@ -540,7 +540,9 @@ pub struct Lanes {
 
 impl Lanes {
     pub fn new(threads: usize, cfg: &DiffusionConfig) -> Result<Self> {
-        Ok(if cfg.revision.is_some() {
+        // Concurrent revision splits the threads (the sparse lane gets one); sequential revision
+        // runs its pass on the dense lane with all of them.
+        Ok(if cfg.revision.is_some_and(|r| r.concurrent) {
             Self {
                 dense: Lane::new("dense", threads.saturating_sub(1).max(1))?,
                 sparse: Some(Lane::new("sparse", 1)?),
@@ -918,6 +920,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         indicatif::ProgressBar::new(split.len() as u64)
     };
     let mut right: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    // Character-level (matches, total) per task: see `char_score`.
+    let mut chars: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut shown = 0;
     for ex in &split {
         let mut prompt = vec![BOS];
@@ -929,6 +933,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         let got = CharVocab::decode(&out.tokens);
         let e = right.entry(ex.task).or_default();
         e.1 += 1;
+        let c = chars.entry(ex.task).or_default();
+        let (m, n) = char_score(&ex.answer, &got);
+        (c.0, c.1) = (c.0 + m, c.1 + n);
         if got == ex.answer {
             e.0 += 1;
         } else if shown < a.show {
@@ -943,20 +950,29 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         .map(|(k, (r, n))| (*k, *r as f64 / *n as f64))
         .collect();
     let total: f64 = right.values().map(|(r, _)| *r as f64).sum::<f64>() / split.len() as f64;
+    let ratio = |(m, n): (usize, usize)| m as f64 / n.max(1) as f64;
+    let char_tasks: BTreeMap<&str, f64> = chars.iter().map(|(k, v)| (*k, ratio(*v))).collect();
+    let char_total = ratio(
+        chars
+            .values()
+            .fold((0, 0), |(m, n), (a, b)| (m + a, n + b)),
+    );
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total})
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total})
         );
     } else {
+        println!("task     exact   chars");
         for t in TASKS {
-            if let Some(acc) = tasks.get(t) {
-                println!("{t:<8} {:.1}%", 100.0 * acc);
+            if let (Some(acc), Some(ch)) = (tasks.get(t), char_tasks.get(t)) {
+                println!("{t:<8} {:>5.1}%  {:>5.1}%", 100.0 * acc, 100.0 * ch);
             }
         }
         println!(
-            "overall  {:.1}% ({} held-out examples, {} decoding)",
+            "overall  {:>5.1}%  {:>5.1}% ({} held-out examples, {} decoding; chars: characters in place)",
             100.0 * total,
+            100.0 * char_total,
             split.len(),
             a.diffusion.name()
         );

@@ -442,7 +442,7 @@ pub fn generate_with(
             let a = Instant::now();
             let r = match sparse {
                 Some(l) => l.run(|| model.forward(&req, snap)),
-                None => model.forward(&req, snap),
+                None => dense.run(|| model.forward(&req, snap)),
             };
             (r, a, Instant::now())
         };

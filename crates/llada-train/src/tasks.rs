@@ -187,9 +187,29 @@ pub fn held_out_subset(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Exam
     v
 }
 
+/// Character-level score of an answer: `(matches, total)`, where `matches` counts the positions
+/// at which `got` has the expected character and `total = max(|expected|, |got|)`, so missing
+/// and extra characters both count as errors. Exact match is the headline metric; this one
+/// still separates a model that gets most of a long answer right from one that gets none.
+pub fn char_score(expected: &str, got: &str) -> (usize, usize) {
+    let (e, g): (Vec<char>, Vec<char>) = (expected.chars().collect(), got.chars().collect());
+    let matches = e.iter().zip(&g).filter(|(a, b)| a == b).count();
+    (matches, e.len().max(g.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn char_score_counts_misses_and_extras() {
+        assert_eq!(char_score("olleh", "olleh"), (5, 5));
+        assert_eq!(char_score("olleh", "ollah"), (4, 5));
+        assert_eq!(char_score("olleh", "oll"), (3, 5));
+        assert_eq!(char_score("olleh", "ollehxx"), (5, 7));
+        assert_eq!(char_score("12", ""), (0, 2));
+        assert_eq!(char_score("", ""), (0, 0));
+    }
 
     #[test]
     fn answers_are_correct() {
