@@ -305,6 +305,7 @@ fn bench_diffusion_reports_its_fields() {
             "tokens_per_forward",
             "revised",
             "accuracy",
+            "char_accuracy",
         ] {
             assert!(!r[k].is_null(), "{k} missing in {r}");
         }
@@ -313,6 +314,7 @@ fn bench_diffusion_reports_its_fields() {
     assert!(j["speedup_vs_prefix_cache"].as_f64().unwrap() > 0.0);
     assert!(j["speedup_vs_vanilla"].as_f64().unwrap() > 0.0);
     assert!(!j["accuracy_delta_pts"].is_null());
+    assert!(!j["char_accuracy_delta_pts"].is_null());
     for f in ["report.md", "runs.csv", "sweep.csv", "sweep.svg"] {
         assert!(out_dir.join(f).exists(), "{f} not written");
     }
