@@ -952,11 +952,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let total: f64 = right.values().map(|(r, _)| *r as f64).sum::<f64>() / split.len() as f64;
     let ratio = |(m, n): (usize, usize)| m as f64 / n.max(1) as f64;
     let char_tasks: BTreeMap<&str, f64> = chars.iter().map(|(k, v)| (*k, ratio(*v))).collect();
-    let char_total = ratio(
-        chars
-            .values()
-            .fold((0, 0), |(m, n), (a, b)| (m + a, n + b)),
-    );
+    let char_total = ratio(chars.values().fold((0, 0), |(m, n), (a, b)| (m + a, n + b)));
     if a.json {
         println!(
             "{}",
