@@ -9,7 +9,7 @@ use clap::Args;
 use llada_decode::diffusion::{CacheMode, DiffusionConfig, MultiBlock, Revision};
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
 use llada_runtime::Lane;
-use llada_train::tasks::{char_score, held_out_subset, Example};
+use llada_train::tasks::{held_out_subset, Example, Score};
 use llada_train::vocab::{CharVocab, BOS};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -107,20 +107,14 @@ fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionC
             c.threshold = Some(a.threshold);
             c.multi_block = Some(mb);
         }
-        "full" => {
-            c.cache = CacheMode::Dual;
-            c.threshold = Some(a.threshold);
-            c.multi_block = Some(mb);
-            c.revision = Some(Revision::default());
-        }
-        // The same decoder with the sparse pass run after the dense pass on the dense lane's
-        // threads: what the concurrent lanes cost or save on this machine's cores.
-        "full-one-lane" => {
+        // `full-one-lane`: the same decoder with the sparse pass run after the dense pass on
+        // the dense lane's threads — what the concurrent lanes cost or save on these cores.
+        "full" | "full-one-lane" => {
             c.cache = CacheMode::Dual;
             c.threshold = Some(a.threshold);
             c.multi_block = Some(mb);
             c.revision = Some(Revision {
-                concurrent: false,
+                concurrent: name == "full",
                 ..Revision::default()
             });
         }
@@ -154,7 +148,7 @@ pub struct Run {
     /// Fraction of the sparse lane's time that overlapped the dense lane.
     pub lane_overlap: Option<f64>,
     pub accuracy: Option<f64>,
-    /// Characters in place over the long answers ([`char_score`]): finer than exact match.
+    /// Characters in place over the long answers (`tasks::char_score`): finer than exact match.
     pub char_accuracy: Option<f64>,
 }
 
@@ -215,8 +209,7 @@ fn run_one(
 ) -> Result<Run> {
     let lanes = Lanes::new(threads, cfg)?;
     let (mut lat, mut fw, mut pad, mut rev, mut srows) = (0.0, 0usize, 0, 0, 0);
-    let (mut right, mut checked) = (0usize, 0usize);
-    let (mut cm, mut cn) = (0usize, 0usize);
+    let mut score = Score::default();
     let (mut sparse_s, mut overlap_s) = (0.0, 0.0);
     for (p, want) in prompts {
         let t = Instant::now();
@@ -229,11 +222,7 @@ fn run_one(
         sparse_s += out.sparse_s;
         overlap_s += out.overlap_s;
         if let Some(w) = want {
-            checked += 1;
-            let got = CharVocab::decode(&out.tokens);
-            right += usize::from(got == *w);
-            let (m, n) = char_score(w, &got);
-            (cm, cn) = (cm + m, cn + n);
+            score.add(w, &CharVocab::decode(&out.tokens));
         }
     }
     let n = prompts.len().max(1) as f64;
@@ -251,8 +240,8 @@ fn run_one(
         revised: rev,
         sparse_rows: srows,
         lane_overlap: (sparse_s > 0.0).then(|| overlap_s / sparse_s),
-        accuracy: (checked > 0).then(|| right as f64 / checked as f64),
-        char_accuracy: (checked > 0).then(|| cm as f64 / cn.max(1) as f64),
+        accuracy: score.exact_rate(),
+        char_accuracy: score.char_rate(),
     })
 }
 

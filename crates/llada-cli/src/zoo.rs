@@ -9,7 +9,7 @@ use llada_decode::diffusion::{
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
-use llada_train::tasks::{char_score, held_out_subset, TASKS};
+use llada_train::tasks::{held_out_subset, Score, TASKS};
 use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
@@ -919,9 +919,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     } else {
         indicatif::ProgressBar::new(split.len() as u64)
     };
-    let mut right: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    // Character-level (matches, total) per task: see `char_score`.
-    let mut chars: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut scores: BTreeMap<&str, Score> = BTreeMap::new();
     let mut shown = 0;
     for ex in &split {
         let mut prompt = vec![BOS];
@@ -931,28 +929,25 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         let cfg = a.diffusion.config(gen, 0.0, 0)?;
         let out = lanes.generate(&model, &prompt, &cfg, None)?;
         let got = CharVocab::decode(&out.tokens);
-        let e = right.entry(ex.task).or_default();
-        e.1 += 1;
-        let c = chars.entry(ex.task).or_default();
-        let (m, n) = char_score(&ex.answer, &got);
-        (c.0, c.1) = (c.0 + m, c.1 + n);
-        if got == ex.answer {
-            e.0 += 1;
-        } else if shown < a.show {
+        let exact = scores.entry(ex.task).or_default().add(&ex.answer, &got);
+        if !exact && shown < a.show {
             shown += 1;
             pb.suspend(|| eprintln!("{} → {got:?} (expected {:?})", ex.prompt, ex.answer));
         }
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let tasks: BTreeMap<&str, f64> = right
+    let rate = |s: &Score, f: fn(&Score) -> Option<f64>| f(s).unwrap_or(0.0);
+    let tasks: BTreeMap<&str, f64> = scores
         .iter()
-        .map(|(k, (r, n))| (*k, *r as f64 / *n as f64))
+        .map(|(k, s)| (*k, rate(s, Score::exact_rate)))
         .collect();
-    let total: f64 = right.values().map(|(r, _)| *r as f64).sum::<f64>() / split.len() as f64;
-    let ratio = |(m, n): (usize, usize)| m as f64 / n.max(1) as f64;
-    let char_tasks: BTreeMap<&str, f64> = chars.iter().map(|(k, v)| (*k, ratio(*v))).collect();
-    let char_total = ratio(chars.values().fold((0, 0), |(m, n), (a, b)| (m + a, n + b)));
+    let char_tasks: BTreeMap<&str, f64> = scores
+        .iter()
+        .map(|(k, s)| (*k, rate(s, Score::char_rate)))
+        .collect();
+    let all = scores.values().fold(Score::default(), |a, s| a.merge(*s));
+    let (total, char_total) = (rate(&all, Score::exact_rate), rate(&all, Score::char_rate));
     if a.json {
         println!(
             "{}",

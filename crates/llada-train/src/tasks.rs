@@ -192,9 +192,54 @@ pub fn held_out_subset(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Exam
 /// and extra characters both count as errors. Exact match is the headline metric; this one
 /// still separates a model that gets most of a long answer right from one that gets none.
 pub fn char_score(expected: &str, got: &str) -> (usize, usize) {
-    let (e, g): (Vec<char>, Vec<char>) = (expected.chars().collect(), got.chars().collect());
-    let matches = e.iter().zip(&g).filter(|(a, b)| a == b).count();
-    (matches, e.len().max(g.len()))
+    let matches = expected
+        .chars()
+        .zip(got.chars())
+        .filter(|(a, b)| a == b)
+        .count();
+    (matches, expected.chars().count().max(got.chars().count()))
+}
+
+/// Tally of answers against their expected strings: exact matches and characters in place
+/// ([`char_score`]). `llada eval` keeps one per task, `llada bench diffusion` one per run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Score {
+    pub answers: usize,
+    pub exact: usize,
+    pub chars_in_place: usize,
+    pub chars: usize,
+}
+
+impl Score {
+    /// Count one answer; returns whether it was exact.
+    pub fn add(&mut self, expected: &str, got: &str) -> bool {
+        let (m, n) = char_score(expected, got);
+        let exact = expected == got;
+        self.answers += 1;
+        self.exact += usize::from(exact);
+        self.chars_in_place += m;
+        self.chars += n;
+        exact
+    }
+
+    pub fn merge(self, o: Score) -> Score {
+        Score {
+            answers: self.answers + o.answers,
+            exact: self.exact + o.exact,
+            chars_in_place: self.chars_in_place + o.chars_in_place,
+            chars: self.chars + o.chars,
+        }
+    }
+
+    /// Exact-match rate; `None` before any answer.
+    pub fn exact_rate(&self) -> Option<f64> {
+        (self.answers > 0).then(|| self.exact as f64 / self.answers as f64)
+    }
+
+    /// Characters-in-place rate; `None` before any answer.
+    pub fn char_rate(&self) -> Option<f64> {
+        (self.answers > 0).then(|| self.chars_in_place as f64 / self.chars.max(1) as f64)
+    }
 }
 
 #[cfg(test)]
