@@ -44,6 +44,118 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// `out[i] = dot(x_i, w)` for the `out.len()` rows `x_i = x[i·k..(i+1)·k]` (`k = w.len()`):
+/// one weight row against a few activation rows, four rows at a time so that each weight load
+/// feeds four FMAs. Same summation order as [`dot`], so each result is bit-identical to it.
+pub fn dot_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
+    let k = w.len();
+    debug_assert_eq!(x.len(), out.len() * k);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2() {
+            // SAFETY: as in `dot`; `x` holds `out.len()` rows of `k` (checked below).
+            if x.len() == out.len() * k {
+                unsafe { x86::dot_rows(w, x, out) };
+                return;
+            }
+        }
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dot(&x[i * k..(i + 1) * k], w);
+    }
+}
+
+/// Key/value rows of one attention head, read in place from two row-major buffers: the cache's
+/// rows (`cache_k`, `cache_v`) and the current pass's rows (`new_k`, `new_v`), both with row
+/// stride `stride`, the head's columns starting at `offset`. Key `j` of an index list is cache
+/// row `j` when `j < split`, else new row `j − split`.
+#[derive(Clone, Copy)]
+pub struct KvRows<'a> {
+    pub cache_k: &'a [f32],
+    pub cache_v: &'a [f32],
+    pub new_k: &'a [f32],
+    pub new_v: &'a [f32],
+    pub split: u32,
+    pub stride: usize,
+    pub offset: usize,
+}
+
+impl<'a> KvRows<'a> {
+    /// Row `j` of the head's columns, from `cache` or `new` (see the type's doc).
+    #[inline]
+    fn row(&self, cache: &'a [f32], new: &'a [f32], j: u32, hd: usize) -> &'a [f32] {
+        let (buf, r) = if j < self.split {
+            (cache, j)
+        } else {
+            (new, j - self.split)
+        };
+        let o = r as usize * self.stride + self.offset;
+        &buf[o..o + hd]
+    }
+    #[inline]
+    fn k(&self, j: u32, hd: usize) -> &'a [f32] {
+        self.row(self.cache_k, self.new_k, j, hd)
+    }
+    #[inline]
+    fn v(&self, j: u32, hd: usize) -> &'a [f32] {
+        self.row(self.cache_v, self.new_v, j, hd)
+    }
+}
+
+/// One query head against the keys `idx` (in that order): `out = Σ_j softmax_j(scale · q·k_j) v_j`;
+/// `out` is zero when `idx` is empty. `scores` is scratch of at least `idx.len()`.
+///
+/// Written by hand (rather than a gemm) because each query row sees its own key list (masks,
+/// revised slots) and rows are few: the per-key `dot`/`axpy` calls this replaces spent more time
+/// in call overhead and reloading `out` than in arithmetic. The arithmetic order is exactly
+/// [`dot`]'s and a chain of [`axpy`]s, so results are bit-identical to those.
+pub fn attend_head(
+    q: &[f32],
+    kv: &KvRows,
+    idx: &[u32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let scores = &mut scores[..idx.len()];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2() && hd.is_multiple_of(8) {
+            // SAFETY: as in `dot`; every row slice is bounds-checked by `KvRows`.
+            unsafe { x86::scores(q, kv, idx, scale, scores) };
+            let inv = softmax_in_place(scores);
+            out.iter_mut().for_each(|o| *o = 0.0);
+            if let Some(inv) = inv {
+                unsafe { x86::weighted_sum(kv, idx, scores, inv, out) };
+            }
+            return;
+        }
+    }
+    for (sc, &j) in scores.iter_mut().zip(idx) {
+        *sc = dot(q, kv.k(j, hd)) * scale;
+    }
+    let inv = softmax_in_place(scores);
+    out.iter_mut().for_each(|o| *o = 0.0);
+    if let Some(inv) = inv {
+        for (p, &j) in scores.iter().zip(idx) {
+            axpy(out, p * inv, kv.v(j, hd));
+        }
+    }
+}
+
+/// `s ← exp(s − max s)`; returns `1 / Σ s`, or `None` when the sum is not positive.
+#[inline]
+fn softmax_in_place(scores: &mut [f32]) -> Option<f32> {
+    let mx = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut sum = 0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - mx).exp();
+        sum += *sc;
+    }
+    (sum > 0.0).then(|| 1.0 / sum)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn avx2() -> bool {
@@ -65,6 +177,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma")]
+    #[inline]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -84,16 +197,112 @@ mod x86 {
             s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
             i += 8;
         }
-        let s = _mm256_add_ps(s0, s1);
-        let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        let mut r = _mm_cvtss_f32(h);
+        let mut r = hsum(s0, s1);
         while i < n {
             r += *pa.add(i) * *pb.add(i);
             i += 1;
         }
         r
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(s0: __m256, s1: __m256) -> f32 {
+        let s = _mm256_add_ps(s0, s1);
+        let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        _mm_cvtss_f32(h)
+    }
+
+    /// See [`super::dot_rows`]; each row keeps `dot`'s two accumulators and tail order.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
+        let k = w.len();
+        let pw = w.as_ptr();
+        let m = out.len();
+        let mut r = 0;
+        while r + 4 <= m {
+            let px = [0, 1, 2, 3].map(|u| x.as_ptr().add((r + u) * k));
+            let mut a0 = [_mm256_setzero_ps(); 4];
+            let mut a1 = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 16 <= k {
+                let w0 = _mm256_loadu_ps(pw.add(i));
+                let w1 = _mm256_loadu_ps(pw.add(i + 8));
+                for u in 0..4 {
+                    a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i)), w0, a0[u]);
+                    a1[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i + 8)), w1, a1[u]);
+                }
+                i += 16;
+            }
+            if i + 8 <= k {
+                let w0 = _mm256_loadu_ps(pw.add(i));
+                for u in 0..4 {
+                    a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i)), w0, a0[u]);
+                }
+                i += 8;
+            }
+            for u in 0..4 {
+                let mut s = hsum(a0[u], a1[u]);
+                for j in i..k {
+                    s += *px[u].add(j) * *pw.add(j);
+                }
+                out[r + u] = s;
+            }
+            r += 4;
+        }
+        while r < m {
+            out[r] = dot(&x[r * k..(r + 1) * k], w);
+            r += 1;
+        }
+    }
+
+    /// `scores[t] = dot(q, k_idx[t]) · scale`, with [`dot`]'s summation order (`hd % 8 == 0`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores(
+        q: &[f32],
+        kv: &super::KvRows,
+        idx: &[u32],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let n = q.len();
+        for (sc, &j) in scores.iter_mut().zip(idx) {
+            *sc = dot(q, kv.k(j, n)) * scale;
+        }
+    }
+
+    /// `out += Σ_t (p[t] · inv) · v_idx[t]` in key order, 32 columns at a time held in
+    /// registers (each FMA is the one [`axpy`] would do; `out.len() % 8 == 0`).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum(
+        kv: &super::KvRows,
+        idx: &[u32],
+        p: &[f32],
+        inv: f32,
+        out: &mut [f32],
+    ) {
+        let hd = out.len();
+        let po = out.as_mut_ptr();
+        let mut c0 = 0;
+        while c0 < hd {
+            let w = ((hd - c0) / 8).min(4);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (u, a) in acc.iter_mut().enumerate().take(w) {
+                *a = _mm256_loadu_ps(po.add(c0 + 8 * u));
+            }
+            for (&pt, &j) in p.iter().zip(idx) {
+                let va = _mm256_set1_ps(pt * inv);
+                let pv = kv.v(j, hd).as_ptr().add(c0);
+                for (u, a) in acc.iter_mut().enumerate().take(w) {
+                    *a = _mm256_fmadd_ps(va, _mm256_loadu_ps(pv.add(8 * u)), *a);
+                }
+            }
+            for (u, a) in acc.iter().enumerate().take(w) {
+                _mm256_storeu_ps(po.add(c0 + 8 * u), *a);
+            }
+            c0 += 8 * w;
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -119,6 +328,57 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused head is bit-identical to the `dot` / softmax / `axpy` chain it replaces, for
+    /// head sizes on and off the AVX2 path and keys from both buffers in any order.
+    #[test]
+    fn attend_head_matches_dot_axpy_chain() {
+        for hd in [8usize, 12, 32, 40, 64, 128] {
+            let stride = hd * 3;
+            let mk = |n: usize, f: f32| -> Vec<f32> {
+                (0..n * stride).map(|i| ((i as f32) * f).sin()).collect()
+            };
+            let (ck, cv, nk, nv) = (mk(7, 0.13), mk(7, 0.29), mk(3, 0.31), mk(3, 0.17));
+            let kv = KvRows {
+                cache_k: &ck,
+                cache_v: &cv,
+                new_k: &nk,
+                new_v: &nv,
+                split: 7,
+                stride,
+                offset: hd,
+            };
+            let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.7).cos()).collect();
+            for idx in [vec![], vec![3u32], vec![0, 1, 2, 4, 6, 7, 9], vec![8, 0, 5]] {
+                let scale = 1.0 / (hd as f32).sqrt();
+                let mut want = vec![0f32; hd];
+                let mut sc: Vec<f32> = idx.iter().map(|&j| dot(&q, kv.k(j, hd)) * scale).collect();
+                if let Some(inv) = softmax_in_place(&mut sc) {
+                    for (p, &j) in sc.iter().zip(&idx) {
+                        axpy(&mut want, p * inv, kv.v(j, hd));
+                    }
+                }
+                let mut got = vec![1f32; hd];
+                let mut scratch = vec![0f32; idx.len()];
+                attend_head(&q, &kv, &idx, scale, &mut scratch, &mut got);
+                assert_eq!(got, want, "hd {hd}, idx {idx:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn dot_rows_is_dot_per_row() {
+        for k in [1usize, 8, 13, 16, 40, 128, 200] {
+            for m in [0usize, 1, 3, 4, 7, 9] {
+                let w: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+                let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.11).cos()).collect();
+                let mut got = vec![0f32; m];
+                dot_rows(&w, &x, &mut got);
+                let want: Vec<f32> = (0..m).map(|i| dot(&x[i * k..(i + 1) * k], &w)).collect();
+                assert_eq!(got, want, "k {k}, m {m}");
+            }
+        }
+    }
 
     #[test]
     fn dot_and_axpy_match_scalar() {

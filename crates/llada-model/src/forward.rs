@@ -13,7 +13,7 @@
 use crate::store::Unit;
 use crate::weights::Layer;
 use crate::{Model, ModelError};
-use llada_kernels::vecops::{axpy, dot};
+use llada_kernels::vecops::{attend_head, dot, KvRows};
 use llada_runtime::trace::{OpSpan, Tracer};
 use llada_runtime::KvCache;
 use rayon::prelude::*;
@@ -416,6 +416,17 @@ impl Model {
                     };
                     let positions = &positions;
                     let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
+                    // Cache slots every row sees (no per-row position test needed): all but
+                    // the slots this pass rewrites, for masks that do not look at positions.
+                    let all_cache: Option<Vec<u32>> =
+                        matches!(mask, AttnMask::Bidirectional | AttnMask::Explicit(_)).then(
+                            || {
+                                (0..old_len as u32)
+                                    .filter(|&s| !excluded[s as usize])
+                                    .collect()
+                            },
+                        );
+                    let all_cache = &all_cache;
                     // One task per (row, KV group): the group's query heads share every key/value
                     // row they read (GQA), and the visible-key list is built once.
                     attn.par_chunks_mut(group * hd)
@@ -423,45 +434,40 @@ impl Model {
                         .for_each(|(idx, out)| {
                             let (i, g) = (idx / nkv, idx % nkv);
                             let pi = positions[i];
-                            let mut kv: Vec<(&[f32], &[f32])> = Vec::with_capacity(old_len + n);
-                            for s in 0..old_len {
-                                if excluded[s] || !mask.by_pos(pi, cache_pos[s]) {
-                                    continue;
+                            let mut keys: Vec<u32> = match all_cache {
+                                Some(c) => {
+                                    let mut v = Vec::with_capacity(c.len() + n);
+                                    v.extend_from_slice(c);
+                                    v
                                 }
-                                let o = s * kvd + g * hd;
-                                kv.push((&ck[o..o + hd], &cv[o..o + hd]));
-                            }
+                                None => (0..old_len)
+                                    .filter(|&s| !excluded[s] && mask.by_pos(pi, cache_pos[s]))
+                                    .map(|s| s as u32)
+                                    .collect(),
+                            };
                             for j in 0..n {
                                 let vis = match mask {
                                     AttnMask::Explicit(m) => m[i * n + j],
                                     _ => mask.by_pos(pi, positions[j]),
                                 };
                                 if vis {
-                                    let o = j * kvd + g * hd;
-                                    kv.push((&k[o..o + hd], &v[o..o + hd]));
+                                    keys.push((old_len + j) as u32);
                                 }
                             }
-                            let mut scores = vec![0f32; kv.len()];
+                            let rows = KvRows {
+                                cache_k: ck,
+                                cache_v: cv,
+                                new_k: k,
+                                new_v: v,
+                                split: old_len as u32,
+                                stride: kvd,
+                                offset: g * hd,
+                            };
+                            let mut scores = vec![0f32; keys.len()];
                             for (hh, out) in out.chunks_exact_mut(hd).enumerate() {
                                 let head = g * group + hh;
                                 let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
-                                let mut mx = f32::NEG_INFINITY;
-                                for (sc, (kr, _)) in scores.iter_mut().zip(&kv) {
-                                    *sc = dot(qv, kr) * scale;
-                                    mx = mx.max(*sc);
-                                }
-                                let mut sum = 0f32;
-                                for sc in scores.iter_mut() {
-                                    *sc = (*sc - mx).exp();
-                                    sum += *sc;
-                                }
-                                out.iter_mut().for_each(|o| *o = 0.0);
-                                if sum > 0.0 {
-                                    let inv = 1.0 / sum;
-                                    for (p, (_, vr)) in scores.iter().zip(&kv) {
-                                        axpy(out, p * inv, vr);
-                                    }
-                                }
+                                attend_head(qv, &rows, &keys, scale, &mut scores, out);
                             }
                         });
                 }

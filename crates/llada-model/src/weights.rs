@@ -130,12 +130,71 @@ impl Linear {
                 Ok(out)
             }
             Linear::Dense { w, .. } => {
+                if m <= SMALL_M {
+                    if let Some(y) = dense_few_rows(w, x, m, n, k)? {
+                        return Ok(y);
+                    }
+                }
                 let xt = Tensor::from_slice(x, (m, k), &Device::Cpu)?;
                 let y = xt.matmul(&w.t()?)?;
                 Ok(y.flatten_all()?.to_vec1::<f32>()?)
             }
         }
     }
+}
+
+/// Batches of at most this many rows skip candle's gemm for dense weights (see
+/// [`dense_few_rows`]).
+pub const SMALL_M: usize = 16;
+
+/// `y = x · Wᵀ` for a few rows, as dot products over `W`'s contiguous rows, in parallel over
+/// chunks of output features.
+///
+/// Written by hand because candle's gemm packs the whole (transposed) weight matrix on every
+/// call: for the one-to-sixteen-row passes of diffusion windows, revision probes and drafts,
+/// that packing costs as much as the product itself (measured: an 8-row forward of
+/// `tiny-llada-tasks` spent most of its time in gemm's packing). `None` when `w` is not a
+/// contiguous CPU f32 tensor (the caller then uses the gemm).
+fn dense_few_rows(
+    w: &Tensor,
+    x: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Option<Vec<f32>>, ModelError> {
+    use rayon::prelude::*;
+    let (st, layout) = w.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*st else {
+        return Ok(None);
+    };
+    let Some((a, b)) = layout.contiguous_offsets() else {
+        return Ok(None);
+    };
+    let Ok(all) = cpu.as_slice::<f32>() else {
+        return Ok(None);
+    };
+    let data = &all[a..b];
+    if data.len() != n * k || x.len() != m * k {
+        return Ok(None);
+    }
+    // Output features per task: enough work per task to amortise the scheduling.
+    let chunk = (4096 / k.max(1)).clamp(8, 256);
+    let mut yt = vec![0f32; n * m];
+    yt.par_chunks_mut(chunk * m)
+        .enumerate()
+        .for_each(|(c, out)| {
+            for (o, row) in out.chunks_exact_mut(m).enumerate() {
+                let f = c * chunk + o;
+                llada_kernels::vecops::dot_rows(&data[f * k..(f + 1) * k], x, row);
+            }
+        });
+    let mut y = vec![0f32; m * n];
+    for f in 0..n {
+        for i in 0..m {
+            y[i * n + f] = yt[f * m + i];
+        }
+    }
+    Ok(Some(y))
 }
 
 /// Several projections of the same input: fused into one matrix when their types allow
