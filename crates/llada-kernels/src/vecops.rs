@@ -120,24 +120,31 @@ pub fn attend_head(
     let hd = q.len();
     let scores = &mut scores[..idx.len()];
     #[cfg(target_arch = "x86_64")]
-    {
-        if avx2() && hd.is_multiple_of(8) {
-            // SAFETY: as in `dot`; every row slice is bounds-checked by `KvRows`.
-            unsafe { x86::scores(q, kv, idx, scale, scores) };
-            let inv = softmax_in_place(scores);
-            out.iter_mut().for_each(|o| *o = 0.0);
-            if let Some(inv) = inv {
-                unsafe { x86::weighted_sum(kv, idx, scores, inv, out) };
-            }
-            return;
+    let fast = avx2() && hd.is_multiple_of(8);
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    if fast {
+        // SAFETY: AVX2 and FMA are present (`avx2`); every row slice is bounds-checked by
+        // `KvRows`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            x86::scores(q, kv, idx, scale, scores)
+        };
+    } else {
+        for (sc, &j) in scores.iter_mut().zip(idx) {
+            *sc = dot(q, kv.k(j, hd)) * scale;
         }
-    }
-    for (sc, &j) in scores.iter_mut().zip(idx) {
-        *sc = dot(q, kv.k(j, hd)) * scale;
     }
     let inv = softmax_in_place(scores);
     out.iter_mut().for_each(|o| *o = 0.0);
-    if let Some(inv) = inv {
+    let Some(inv) = inv else { return };
+    if fast {
+        // SAFETY: as above; `hd % 8 == 0`.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            x86::weighted_sum(kv, idx, scores, inv, out)
+        };
+    } else {
         for (p, &j) in scores.iter().zip(idx) {
             axpy(out, p * inv, kv.v(j, hd));
         }

@@ -130,7 +130,7 @@ impl Linear {
                 Ok(out)
             }
             Linear::Dense { w, .. } => {
-                if m <= SMALL_M {
+                if (1..=SMALL_M).contains(&m) {
                     if let Some(y) = dense_few_rows(w, x, m, n, k)? {
                         return Ok(y);
                     }
