@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
             store_f16: false,
             init_std,
         };
-        let model = TrainModel::new(spec, &dev)?;
+        let model = TrainModel::new(spec, &dev, 0)?;
         let mut opt = AdamW::new(
             model.varmap.all_vars(),
             ParamsAdamW {

@@ -5,6 +5,7 @@
 //! * [`vocab`]: the character-level vocabulary of the task models, written as `tokenizer.json`;
 //! * [`model`]: a LLaMA-style transformer on candle's autograd whose parameters carry the real
 //!   checkpoints' tensor names (LLaDA: `model.transformer.*`; Dream/Qwen2: `model.layers.*`);
+//! * [`ops`]: the fused attention softmax (forward and backward) candle lacks;
 //! * [`objective`]: masked diffusion (LLaDA, with the 1/t weighting), its shifted Dream variant,
 //!   and next-token prediction;
 //! * [`prose`]: prose corpora (Austen, KJV) tokenized by a BPE trained with `tokenizers`, or by
@@ -12,6 +13,7 @@
 //! * [`trainer`]: AdamW loop with progress bar, seeded and resumable, saving HF directories.
 pub mod model;
 pub mod objective;
+pub mod ops;
 pub mod prose;
 pub mod tasks;
 pub mod trainer;

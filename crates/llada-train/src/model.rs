@@ -2,8 +2,26 @@
 //! format it is saved as, so `VarMap::save` writes a `model.safetensors` the engine loads with
 //! the same code path as LLaDA-8B or Dream-7B.
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{Init, VarBuilder, VarMap};
+use rand::{Rng, SeedableRng};
+
+/// `n` draws of N(0, std²) from a generator seeded by `seed` and the parameter's `name`
+/// (Box–Muller), so parameters do not depend on creation order.
+fn seeded_normal(seed: u64, name: &str, n: usize, std: f64) -> Vec<f32> {
+    // FNV-1a of the name, mixed with the seed.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut rng = rand::rngs::StdRng::seed_from_u64(h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (0..n)
+        .map(|_| {
+            let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
+            let u2: f64 = rng.random();
+            (std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        })
+        .collect()
+}
 use serde_json::json;
 
 /// Which real format the model is saved in.
@@ -132,19 +150,27 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 impl TrainModel {
-    /// Fresh parameters (normal init, std `spec.init_std`; output projections scaled by 1/√(2·layers)).
-    pub fn new(spec: ModelSpec, dev: &Device) -> Result<Self> {
+    /// Fresh parameters (normal init, std `spec.init_std`; output projections scaled by
+    /// 1/√(2·layers)), drawn from `seed`: the same seed gives the same model.
+    pub fn new(spec: ModelSpec, dev: &Device, seed: u64) -> Result<Self> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, dev);
         let (d, hd) = (spec.d_model, spec.head_dim());
         let (qd, kvd) = (spec.n_heads * hd, spec.n_kv_heads * hd);
-        let init = Init::Randn {
-            mean: 0.0,
-            stdev: spec.init_std,
-        };
-        let out_init = Init::Randn {
-            mean: 0.0,
-            stdev: spec.init_std / (2.0 * spec.n_layers as f64).sqrt(),
+        let init = spec.init_std;
+        let out_init = spec.init_std / (2.0 * spec.n_layers as f64).sqrt();
+        // Normal parameters are made here and inserted into the VarMap (candle's CPU `randn`,
+        // behind `Init::Randn`, draws from an unseeded thread RNG: no two runs started alike).
+        let randn = |name: &str, shape: (usize, usize), std: f64| -> Result<Tensor> {
+            let data = seeded_normal(seed, name, shape.0 * shape.1, std);
+            let var = Var::from_tensor(&Tensor::from_vec(data, shape, dev)?)?;
+            let t = var.as_tensor().clone();
+            varmap
+                .data()
+                .lock()
+                .map_err(|_| candle_core::Error::Msg("parameter map lock poisoned".into()))?
+                .insert(name.to_string(), var);
+            Ok(t)
         };
         let ones = Init::Const(1.0);
         let zeros = Init::Const(0.0);
@@ -162,7 +188,7 @@ impl TrainModel {
                 "lm_head.weight",
             )
         };
-        let embed = vb.get_with_hints((spec.vocab, d), emb_n, init)?;
+        let embed = randn(emb_n, (spec.vocab, d), init)?;
         let mut layers = vec![];
         for i in 0..spec.n_layers {
             let n = |hf: &str, ll: &str| {
@@ -186,27 +212,27 @@ impl TrainModel {
                     &n("input_layernorm.weight", "attn_norm.weight"),
                     ones,
                 )?,
-                q: vb.get_with_hints(
-                    (qd, d),
+                q: randn(
                     &n("self_attn.q_proj.weight", "q_proj.weight"),
+                    (qd, d),
                     init,
                 )?,
-                k: vb.get_with_hints(
-                    (kvd, d),
+                k: randn(
                     &n("self_attn.k_proj.weight", "k_proj.weight"),
+                    (kvd, d),
                     init,
                 )?,
-                v: vb.get_with_hints(
-                    (kvd, d),
+                v: randn(
                     &n("self_attn.v_proj.weight", "v_proj.weight"),
+                    (kvd, d),
                     init,
                 )?,
                 bq: b(n("self_attn.q_proj.bias", ""), qd)?,
                 bk: b(n("self_attn.k_proj.bias", ""), kvd)?,
                 bv: b(n("self_attn.v_proj.bias", ""), kvd)?,
-                o: vb.get_with_hints(
-                    (d, qd),
+                o: randn(
                     &n("self_attn.o_proj.weight", "attn_out.weight"),
+                    (d, qd),
                     out_init,
                 )?,
                 ffn_norm: vb.get_with_hints(
@@ -214,19 +240,19 @@ impl TrainModel {
                     &n("post_attention_layernorm.weight", "ff_norm.weight"),
                     ones,
                 )?,
-                gate: vb.get_with_hints(
-                    (spec.ffn, d),
+                gate: randn(
                     &n("mlp.gate_proj.weight", "ff_proj.weight"),
-                    init,
-                )?,
-                up: vb.get_with_hints(
                     (spec.ffn, d),
-                    &n("mlp.up_proj.weight", "up_proj.weight"),
                     init,
                 )?,
-                down: vb.get_with_hints(
-                    (d, spec.ffn),
+                up: randn(
+                    &n("mlp.up_proj.weight", "up_proj.weight"),
+                    (spec.ffn, d),
+                    init,
+                )?,
+                down: randn(
                     &n("mlp.down_proj.weight", "ff_out.weight"),
+                    (d, spec.ffn),
                     out_init,
                 )?,
             });
@@ -235,7 +261,7 @@ impl TrainModel {
         let head = if spec.tied {
             embed.clone()
         } else {
-            vb.get_with_hints((spec.vocab, d), head_n, init)?
+            randn(head_n, (spec.vocab, d), init)?
         };
         Ok(Self {
             spec,
@@ -281,20 +307,6 @@ impl TrainModel {
             let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
             x.broadcast_mul(&cos)? + rot.broadcast_mul(&sin)?
         };
-        let mask = if causal {
-            let m: Vec<f32> = (0..t * t)
-                .map(|i| {
-                    if i % t > i / t {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (1, 1, t, t), dev)?)
-        } else {
-            None
-        };
         let scale = 1.0 / (hd as f64).sqrt();
         for l in &self.layers {
             let h = rms_norm(&x, &l.attn_norm, s.rms_eps)?;
@@ -310,7 +322,8 @@ impl TrainModel {
                 .reshape((b, t, nkv, hd))?
                 .transpose(1, 2)?
                 .contiguous()?;
-            let (q, k) = (rope(&q)?, rope(&k)?);
+            // The 1/√hd scale goes on q ([B, H, T, hd]) rather than on the [B, H, T, T] scores.
+            let (q, k) = ((rope(&q)? * scale)?, rope(&k)?);
             let (k, v) = if nkv != nh {
                 let g = nh / nkv;
                 let rep = |x: Tensor| -> Result<Tensor> {
@@ -322,13 +335,10 @@ impl TrainModel {
             } else {
                 (k, v)
             };
-            let mut att = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-            if let Some(m) = &mask {
-                att = att.broadcast_add(m)?;
-            }
-            // candle_nn::ops::softmax_last_dim records no backward (apply_op1_no_bwd): gradients
-            // would not reach q/k. The composed softmax is differentiable.
-            let att = candle_nn::ops::softmax(&att, D::Minus1)?;
+            let att = q.matmul(&k.t()?.contiguous()?)?;
+            // Fused softmax with its own backward (crate::ops); candle_nn's fused
+            // softmax_last_dim records no backward and its composed softmax is slow.
+            let att = crate::ops::softmax(&att, causal)?;
             let o = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
             x = (x + linear(&o, &l.o, None)?)?;
             let h = rms_norm(&x, &l.ffn_norm, s.rms_eps)?;

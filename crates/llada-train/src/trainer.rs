@@ -348,7 +348,7 @@ pub fn train(
     data: &mut dyn DataSource,
 ) -> Result<TrainState> {
     let dev = Device::Cpu;
-    let model = TrainModel::new(spec, &dev)?;
+    let model = TrainModel::new(spec, &dev, opts.seed)?;
     let state_path = out.join("train_state.json");
     let mut start = 0;
     let mut wall0 = 0.0;

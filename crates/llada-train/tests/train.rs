@@ -36,7 +36,7 @@ fn spec(format: Format) -> ModelSpec {
 fn a_few_steps_lower_the_loss_on_a_fixed_batch() {
     let dev = Device::Cpu;
     for format in [Format::LLaDA, Format::Dream, Format::Llama] {
-        let model = TrainModel::new(spec(format), &dev).unwrap();
+        let model = TrainModel::new(spec(format), &dev, 0).unwrap();
         let mut g = TaskGen::new(5, false);
         g.scale = 0.2;
         let ex: Vec<_> = (0..8).map(|_| g.next(None)).collect();
@@ -87,6 +87,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 ..spec(format)
             },
             &dev,
+            0,
         )
         .unwrap();
         let dir = std::env::temp_dir().join(format!(
@@ -159,7 +160,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
 fn every_parameter_gets_a_gradient() {
     let dev = Device::Cpu;
     for format in [Format::LLaDA, Format::Dream, Format::Llama] {
-        let model = TrainModel::new(spec(format), &dev).unwrap();
+        let model = TrainModel::new(spec(format), &dev, 0).unwrap();
         let mut g = TaskGen::new(8, false);
         g.scale = 0.2;
         let ex: Vec<_> = (0..4).map(|_| g.next(None)).collect();
@@ -209,7 +210,7 @@ fn gradients_match_finite_differences() {
         s.n_kv_heads = if format == Format::Dream { 1 } else { 2 };
         s.ffn = 24;
         s.n_layers = 2;
-        let model = TrainModel::new(s, &dev).unwrap();
+        let model = TrainModel::new(s, &dev, 0).unwrap();
         // Larger weights than the 0.02 init so every term has a measurable effect.
         for var in model.varmap.all_vars() {
             let t = var.as_tensor();
@@ -317,7 +318,7 @@ fn reduced_vocabulary_checkpoint_round_trips() {
     assert!(cover > 0.0 && cover < 1.0);
     let mut s = spec(Format::Llama);
     s.vocab = k + 1;
-    let model = TrainModel::new(s, &dev).unwrap();
+    let model = TrainModel::new(s, &dev, 0).unwrap();
     let out = dir.join("draft");
     let data = ProseData {
         corpus,
@@ -444,4 +445,43 @@ fn time_budget_drives_the_schedule() {
         .map(|i| learning_rate(&o, 20, i as f64 / 10.0))
         .collect();
     assert!(lrs.windows(2).all(|w| w[1] <= w[0] + 1e-15), "{lrs:?}");
+}
+
+/// Initial parameters are a function of the seed alone (candle's CPU `randn` is unseeded, so the
+/// model draws its own): equal for equal seeds, different otherwise.
+#[test]
+fn initial_parameters_follow_the_seed() {
+    let dev = Device::Cpu;
+    let params = |seed: u64| -> Vec<(String, Vec<f32>)> {
+        let m = TrainModel::new(spec(Format::Dream), &dev, seed).unwrap();
+        let data = m.varmap.data().lock().unwrap();
+        let mut v: Vec<(String, Vec<f32>)> = data
+            .iter()
+            .map(|(k, var)| {
+                let t = var.as_tensor().flatten_all().unwrap();
+                (k.clone(), t.to_vec1::<f32>().unwrap())
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let (a, b, c) = (params(7), params(7), params(8));
+    assert_eq!(a, b, "same seed, same parameters");
+    let differ = a
+        .iter()
+        .zip(&c)
+        .filter(|(x, y)| x.1.iter().any(|v| *v != 0.0 && *v != 1.0) && x.1 != y.1)
+        .count();
+    assert!(differ > 0, "another seed must change the random parameters");
+    // Random parameters have the spec's scale (`init_std`), not zero.
+    let q = &a
+        .iter()
+        .find(|(k, _)| k.contains("q_proj.weight"))
+        .unwrap()
+        .1;
+    let std = (q.iter().map(|x| x * x).sum::<f32>() / q.len() as f32).sqrt();
+    assert!(
+        (std - spec(Format::Dream).init_std as f32).abs() < 0.2 * std,
+        "std {std}"
+    );
 }
