@@ -8,7 +8,7 @@
 
 use crate::tasks::Example;
 use crate::vocab::{CharVocab, BOS, EOS};
-use candle_core::{Device, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor};
 use rand::Rng;
 
 /// Inputs, targets and weights, each `[B, T]`.
@@ -129,15 +129,10 @@ pub fn weighted_ce(logits: &Tensor, batch: &Batch, shift: bool) -> Result<Tensor
         logits.clone()
     };
     let b = logits.dim(0)? as f64;
-    let lsm = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-    let nll = lsm
-        .gather(
-            &batch.targets.unsqueeze(D::Minus1)?.contiguous()?,
-            D::Minus1,
-        )?
-        .squeeze(D::Minus1)?
-        .neg()?;
-    (nll * &batch.weights)?.sum_all()? / b
+    // One fused pass over the logits forward and one backward (crate::ops::weighted_nll).
+    let targets = batch.targets.flatten_all()?.to_vec1::<u32>()?;
+    let weights = batch.weights.flatten_all()?.to_vec1::<f32>()?;
+    crate::ops::weighted_nll(&logits, targets, weights)?.sum_all()? / b
 }
 
 #[cfg(test)]

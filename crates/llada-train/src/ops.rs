@@ -1,4 +1,5 @@
-//! Fused attention softmax for training, forward and backward.
+//! Fused training ops, forward and backward: the attention softmax and the weighted
+//! cross-entropy.
 //!
 //! candle offers a fused `softmax_last_dim` without a backward pass, and a composed `softmax`
 //! (max, subtract, exp, sum, divide) whose autograd graph makes five `[B, H, T, T]` tensors
@@ -8,6 +9,13 @@
 //! backward (`dx = y ⊙ (g − Σ g ⊙ y)` per row), with the causal mask applied inside (masked
 //! columns get probability exactly 0, so no `−∞` tensor is added). It is checked against the
 //! composed ops in the tests (`fused_softmax_matches_composed_softmax`).
+//!
+//! The loss is the same story one level up: a composed log-softmax and `gather` over the
+//! `[B, T, V]` logits (V = 8 193 for the draft: 134 MB per temporary) cost more than the head's
+//! matmul. [`weighted_nll`] computes `w · (logsumexp(row) − row[target])` per row in one pass and
+//! its gradient `g · w · (softmax(row) − onehot)` in another, skipping rows of weight 0 (the
+//! unmasked positions of a diffusion batch); checked against the composed ops in
+//! `fused_nll_matches_composed_log_softmax`.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -141,6 +149,123 @@ impl CustomOp2 for SoftmaxGrad {
     }
 }
 
+/// Per-row weighted negative log-likelihood `w[r] · (logsumexp(x[r]) − x[r, t[r]])` of f32
+/// logits `[.., V]` (shape of the result: the leading dimensions). `targets` and `weights` have
+/// one entry per row; a target outside `0..V` is an error.
+pub fn weighted_nll(logits: &Tensor, targets: Vec<u32>, weights: Vec<f32>) -> Result<Tensor> {
+    let dims = logits.dims();
+    let v = *dims.last().unwrap_or(&0);
+    let rows = logits.elem_count() / v.max(1);
+    if v == 0 || targets.len() != rows || weights.len() != rows {
+        candle_core::bail!(
+            "weighted_nll: {rows} rows of {v} logits, {} targets, {} weights",
+            targets.len(),
+            weights.len()
+        );
+    }
+    if let Some(t) = targets.iter().find(|&&t| t as usize >= v) {
+        candle_core::bail!("weighted_nll: target {t} outside the {v}-entry vocabulary");
+    }
+    logits
+        .contiguous()?
+        .apply_op1(WeightedNll {
+            targets: std::sync::Arc::new(targets),
+            weights: std::sync::Arc::new(weights),
+        })?
+        .reshape(&dims[..dims.len() - 1])
+}
+
+/// `max` and `ln Σ exp(x − max)` of one row.
+fn max_and_log_sum_exp(x: &[f32]) -> (f32, f32) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|&x| (x - max).exp()).sum();
+    (max, sum.ln())
+}
+
+#[derive(Clone)]
+struct WeightedNll {
+    targets: std::sync::Arc<Vec<u32>>,
+    weights: std::sync::Arc<Vec<f32>>,
+}
+
+impl CustomOp1 for WeightedNll {
+    fn name(&self) -> &'static str {
+        "llada-weighted-nll"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, self.name())?;
+        let rows = self.targets.len();
+        let v = x.len() / rows.max(1);
+        let mut out = vec![0f32; rows];
+        out.par_iter_mut()
+            .zip(x.par_chunks(v))
+            .enumerate()
+            .for_each(|(r, (o, x))| {
+                let w = self.weights[r];
+                if w != 0.0 {
+                    let (max, lse) = max_and_log_sum_exp(x);
+                    *o = w * (max + lse - x[self.targets[r] as usize]);
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from(rows)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad_res.flatten_all()?.contiguous()?;
+        Ok(Some(
+            arg.apply_op2_no_bwd(&g, &WeightedNllGrad(self.clone()))?,
+        ))
+    }
+}
+
+/// `dx[r] = g[r] · w[r] · (softmax(x[r]) − onehot(t[r]))`.
+struct WeightedNllGrad(WeightedNll);
+
+impl CustomOp2 for WeightedNllGrad {
+    fn name(&self) -> &'static str {
+        "llada-weighted-nll-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, self.name())?;
+        let g = f32_slice(s2, l2, self.name())?;
+        let (targets, weights) = (&self.0.targets, &self.0.weights);
+        if g.len() != targets.len() {
+            candle_core::bail!(
+                "{}: {} gradients for {} rows",
+                self.name(),
+                g.len(),
+                targets.len()
+            );
+        }
+        let v = x.len() / targets.len().max(1);
+        let mut dst = vec![0f32; x.len()];
+        dst.par_chunks_mut(v)
+            .zip(x.par_chunks(v))
+            .enumerate()
+            .for_each(|(r, (d, x))| {
+                let scale = g[r] * weights[r];
+                if scale == 0.0 {
+                    return;
+                }
+                let (max, lse) = max_and_log_sum_exp(x);
+                let shift = max + lse;
+                for (d, &x) in d.iter_mut().zip(x) {
+                    *d = scale * (x - shift).exp();
+                }
+                d[targets[r] as usize] -= scale;
+            });
+        Ok((CpuStorage::F32(dst), l1.shape().clone()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +319,50 @@ mod tests {
                 "gradient differs by {diff} (causal {causal})"
             );
         }
+        Ok(())
+    }
+
+    /// Random logits, targets and weights (some 0): per-row values and the logits' gradient of
+    /// the fused NLL against `log_softmax` + `gather` composed by candle.
+    #[test]
+    fn fused_nll_matches_composed_log_softmax() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, t, v) = (3, 5, 37);
+        let x = Var::from_tensor(&Tensor::randn(0f32, 2.0, (b, t, v), &dev)?)?;
+        let targets: Vec<u32> = (0..b * t).map(|i| ((i * 7 + 3) % v) as u32).collect();
+        let weights: Vec<f32> = (0..b * t)
+            .map(|i| {
+                if i % 4 == 1 {
+                    0.0
+                } else {
+                    0.5 + i as f32 * 0.1
+                }
+            })
+            .collect();
+        let fused = weighted_nll(x.as_tensor(), targets.clone(), weights.clone())?;
+        assert_eq!(fused.dims(), &[b, t]);
+        let tt = Tensor::from_vec(targets.clone(), (b, t, 1), &dev)?;
+        let wt = Tensor::from_vec(weights.clone(), (b, t), &dev)?;
+        let lsm = candle_nn::ops::log_softmax(x.as_tensor(), D::Minus1)?;
+        let composed = (lsm.gather(&tt, D::Minus1)?.squeeze(D::Minus1)?.neg()? * &wt)?;
+        let diff = (&fused - &composed)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "forward differs by {diff}");
+        // A non-uniform upstream gradient, so the per-row scale is exercised.
+        let up = Tensor::randn(0f32, 1.0, (b, t), &dev)?;
+        let gf = (&fused * &up)?.sum_all()?.backward()?;
+        let gc = (&composed * &up)?.sum_all()?.backward()?;
+        let (gf, gc) = (
+            gf.get(x.as_tensor()).expect("fused grad"),
+            gc.get(x.as_tensor()).expect("composed grad"),
+        );
+        let diff = (gf - gc)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = gc.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(scale > 1e-2, "the test's gradients must not vanish");
+        assert!(diff < 1e-5 * scale.max(1.0), "gradient differs by {diff}");
+        // Rows of weight 0 get no gradient at all.
+        let row1 = gf.i((0, 1))?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(row1, 0.0);
+        assert!(weighted_nll(x.as_tensor(), vec![v as u32; b * t], weights).is_err());
         Ok(())
     }
 }
