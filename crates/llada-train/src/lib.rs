@@ -5,7 +5,7 @@
 //! * [`vocab`]: the character-level vocabulary of the task models, written as `tokenizer.json`;
 //! * [`model`]: a LLaMA-style transformer on candle's autograd whose parameters carry the real
 //!   checkpoints' tensor names (LLaDA: `model.transformer.*`; Dream/Qwen2: `model.layers.*`);
-//! * [`ops`]: the fused attention softmax (forward and backward) candle lacks;
+//! * [`ops`]: fused attention softmax and weighted cross-entropy, each with its backward;
 //! * [`objective`]: masked diffusion (LLaDA, with the 1/t weighting), its shifted Dream variant,
 //!   and next-token prediction;
 //! * [`prose`]: prose corpora (Austen, KJV) tokenized by a BPE trained with `tokenizers`, or by

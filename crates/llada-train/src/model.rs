@@ -4,25 +4,34 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{Init, VarBuilder, VarMap};
-use rand::{Rng, SeedableRng};
+use serde_json::json;
 
 /// `n` draws of N(0, std²) from a generator seeded by `seed` and the parameter's `name`
-/// (Box–Muller), so parameters do not depend on creation order.
+/// (Box–Muller), so parameters do not depend on creation order. The generator is SplitMix64,
+/// written out here so that a dependency update cannot change the models a seed makes (rand's
+/// `StdRng` does not promise a stable algorithm across versions).
 fn seeded_normal(seed: u64, name: &str, n: usize, std: f64) -> Vec<f32> {
     // FNV-1a of the name, mixed with the seed.
     let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
-    let mut rng = rand::rngs::StdRng::seed_from_u64(h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut state = h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // Uniform in (0, 1]: the top 53 bits of a SplitMix64 output, plus one ulp.
+    let mut uniform = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        ((z >> 11) + 1) as f64 / (1u64 << 53) as f64
+    };
     (0..n)
         .map(|_| {
-            let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
-            let u2: f64 = rng.random();
+            let (u1, u2) = (uniform(), uniform());
             (std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
         })
         .collect()
 }
-use serde_json::json;
 
 /// Which real format the model is saved in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -119,20 +119,27 @@ pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
     })
 }
 
-/// `Σ weight · CE(logits, target) / B`. With `shift`, `logits` is `[B, T, V]` and the last
-/// position is dropped to align with shifted targets.
+/// `Σ weight · CE(logits, target) / B`. With `shift`, `logits` is `[B, T, V]` and the targets
+/// `[B, T − 1]`: output `i` predicts target `i`, and the last output carries no loss.
 pub fn weighted_ce(logits: &Tensor, batch: &Batch, shift: bool) -> Result<Tensor> {
-    let logits = if shift {
-        let t = logits.dim(1)?;
-        logits.narrow(1, 0, t - 1)?
-    } else {
-        logits.clone()
-    };
-    let b = logits.dim(0)? as f64;
+    let b = logits.dim(0)?;
     // One fused pass over the logits forward and one backward (crate::ops::weighted_nll).
-    let targets = batch.targets.flatten_all()?.to_vec1::<u32>()?;
-    let weights = batch.weights.flatten_all()?.to_vec1::<f32>()?;
-    crate::ops::weighted_nll(&logits, targets, weights)?.sum_all()? / b
+    let mut targets = batch.targets.flatten_all()?.to_vec1::<u32>()?;
+    let mut weights = batch.weights.flatten_all()?.to_vec1::<f32>()?;
+    if shift {
+        // Pad each row with a weight-0 entry for the last output instead of narrowing the
+        // logits (a copy of all of them forward, a padded gradient backward).
+        let tm1 = targets.len() / b.max(1);
+        targets = targets
+            .chunks(tm1.max(1))
+            .flat_map(|r| r.iter().copied().chain([0]))
+            .collect();
+        weights = weights
+            .chunks(tm1.max(1))
+            .flat_map(|r| r.iter().copied().chain([0.0]))
+            .collect();
+    }
+    crate::ops::weighted_nll(logits, targets, weights)?.sum_all()? / b as f64
 }
 
 #[cfg(test)]

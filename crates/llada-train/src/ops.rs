@@ -26,7 +26,7 @@ const ROWS_PER_TASK: usize = 64;
 /// Softmax over the last dimension of an f32 tensor; with `causal`, row `i` of each trailing
 /// `[T, T]` matrix sees columns `0..=i` only (others get probability 0).
 pub fn softmax(x: &Tensor, causal: bool) -> Result<Tensor> {
-    x.apply_op1(Softmax { causal })
+    x.contiguous()?.apply_op1(Softmax { causal })
 }
 
 /// The contiguous f32 slice behind `storage`/`layout`.
@@ -166,6 +166,9 @@ pub fn weighted_nll(logits: &Tensor, targets: Vec<u32>, weights: Vec<f32>) -> Re
     if let Some(t) = targets.iter().find(|&&t| t as usize >= v) {
         candle_core::bail!("weighted_nll: target {t} outside the {v}-entry vocabulary");
     }
+    if rows == 0 {
+        return Tensor::zeros(&dims[..dims.len() - 1], logits.dtype(), logits.device());
+    }
     logits
         .contiguous()?
         .apply_op1(WeightedNll {
@@ -269,7 +272,7 @@ impl CustomOp2 for WeightedNllGrad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, IndexOp, Var, D};
+    use candle_core::{DType, Device, IndexOp, Var, D};
 
     /// Random scores and upstream gradients, the fused op against candle's composed softmax
     /// (with an explicit −∞ mask for the causal case), forward values and input gradients.
@@ -363,6 +366,9 @@ mod tests {
         let row1 = gf.i((0, 1))?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert_eq!(row1, 0.0);
         assert!(weighted_nll(x.as_tensor(), vec![v as u32; b * t], weights).is_err());
+        // No rows: an empty result, not a panic.
+        let empty = weighted_nll(&Tensor::zeros((0, t, v), DType::F32, &dev)?, vec![], vec![])?;
+        assert_eq!(empty.dims(), &[0, t]);
         Ok(())
     }
 }
