@@ -174,6 +174,7 @@ pub fn weighted_nll(logits: &Tensor, targets: Vec<u32>, weights: Vec<f32>) -> Re
         .apply_op1(WeightedNll {
             targets: std::sync::Arc::new(targets),
             weights: std::sync::Arc::new(weights),
+            shift: Default::default(),
         })?
         .reshape(&dims[..dims.len() - 1])
 }
@@ -189,6 +190,9 @@ fn max_and_log_sum_exp(x: &[f32]) -> (f32, f32) {
 struct WeightedNll {
     targets: std::sync::Arc<Vec<u32>>,
     weights: std::sync::Arc<Vec<f32>>,
+    /// `max + logsumexp` of each weighted row, kept by the forward pass for the backward (the
+    /// graph holds this op, so the backward sees what the forward stored).
+    shift: std::sync::Arc<std::sync::OnceLock<Vec<f32>>>,
 }
 
 impl CustomOp1 for WeightedNll {
@@ -201,16 +205,21 @@ impl CustomOp1 for WeightedNll {
         let rows = self.targets.len();
         let v = x.len() / rows.max(1);
         let mut out = vec![0f32; rows];
+        let mut shift = vec![0f32; rows];
         out.par_iter_mut()
+            .zip(shift.par_iter_mut())
             .zip(x.par_chunks(v))
             .enumerate()
-            .for_each(|(r, (o, x))| {
+            .for_each(|(r, ((o, sh), x))| {
                 let w = self.weights[r];
                 if w != 0.0 {
                     let (max, lse) = max_and_log_sum_exp(x);
-                    *o = w * (max + lse - x[self.targets[r] as usize]);
+                    *sh = max + lse;
+                    *o = w * (*sh - x[self.targets[r] as usize]);
                 }
             });
+        // Set once: every `weighted_nll` call builds a fresh op, and candle runs its forward once.
+        let _ = self.shift.set(shift);
         Ok((CpuStorage::F32(out), Shape::from(rows)))
     }
 
@@ -249,6 +258,9 @@ impl CustomOp2 for WeightedNllGrad {
             );
         }
         let v = x.len() / targets.len().max(1);
+        let Some(shifts) = self.0.shift.get() else {
+            candle_core::bail!("{}: backward before forward", self.name());
+        };
         let mut dst = vec![0f32; x.len()];
         dst.par_chunks_mut(v)
             .zip(x.par_chunks(v))
@@ -258,8 +270,7 @@ impl CustomOp2 for WeightedNllGrad {
                 if scale == 0.0 {
                     return;
                 }
-                let (max, lse) = max_and_log_sum_exp(x);
-                let shift = max + lse;
+                let shift = shifts[r];
                 for (d, &x) in d.iter_mut().zip(x) {
                     *d = scale * (x - shift).exp();
                 }
