@@ -64,6 +64,10 @@ pub struct TrainArgs {
     /// Windows of 128 tokens the target labels for --distill.
     #[arg(long, default_value_t = 2048)]
     distill_windows: usize,
+    /// Task models: fraction of training rows masked as one contiguous run (half suffix, half
+    /// prefix of the answer) instead of independently per position; see docs/training.md.
+    #[arg(long, default_value_t = 0.5)]
+    structured_masks: f64,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -415,6 +419,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         curriculum: opts.curriculum,
         tasks,
         max_scale: a.max_scale,
+        structured: a.structured_masks,
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

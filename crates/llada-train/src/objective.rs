@@ -56,6 +56,26 @@ pub fn diffusion_batch(
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
+    diffusion_batch_shaped(examples, mask_id, eps, shift, 0.0, rng, dev)
+}
+
+/// [`diffusion_batch`] where a fraction `structured` of the rows mask a contiguous run instead
+/// of independent positions: half of them the last `⌈t·L⌉` answer positions (suffix), half the
+/// first (prefix). Same `t`, same `1/(t·L)` weight, so the expected masked count and the loss
+/// scale are those of independent masking; what changes is which contexts the model sees. A
+/// suffix-masked row trains the prediction a left-to-right decode makes at its frontier (all
+/// of the left context visible), a prefix-masked row the right-to-left one (e.g. a sum's high
+/// digits from its low digits); with independent masking alone those contexts are rare once
+/// answers are long.
+pub fn diffusion_batch_shaped(
+    examples: &[Example],
+    mask_id: u32,
+    eps: f64,
+    shift: bool,
+    structured: f64,
+    rng: &mut impl Rng,
+    dev: &Device,
+) -> Result<Batch> {
     let (rows, starts) = layout(examples, 1);
     let (b, t) = (rows.len(), rows[0].len());
     let mut ids = Vec::with_capacity(b * t);
@@ -68,7 +88,18 @@ pub fn diffusion_batch(
     for (r, (row, &s)) in rows.iter().zip(&starts).enumerate() {
         let tt: f64 = eps + (1.0 - eps) * ((r as f64 + u) / b as f64);
         let l = (t - s) as f64;
-        let mut masked: Vec<bool> = (0..t).map(|i| i >= s && rng.random::<f64>() < tt).collect();
+        let shape: f64 = rng.random();
+        let mut masked: Vec<bool> = if shape < structured {
+            let k = ((tt * l).ceil() as usize).clamp(1, t - s);
+            let run = if shape < structured / 2.0 {
+                t - k..t
+            } else {
+                s..s + k
+            };
+            (0..t).map(|i| run.contains(&i)).collect()
+        } else {
+            (0..t).map(|i| i >= s && rng.random::<f64>() < tt).collect()
+        };
         if !masked[s..].iter().any(|m| *m) {
             let i = rng.random_range(s..t);
             masked[i] = true;
@@ -185,6 +216,47 @@ mod tests {
             "{}",
             frac_sum / ex.len() as f32
         );
+    }
+
+    #[test]
+    fn structured_masks_are_contiguous_runs_with_the_same_weighting() {
+        let mut g = TaskGen::new(5, false);
+        let ex: Vec<Example> = (0..256).map(|_| g.next(Some("rev"))).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let (_, starts) = layout(&ex, 1);
+        let b = diffusion_batch_shaped(&ex, 2, 0.05, false, 1.0, &mut rng, &Device::Cpu).unwrap();
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+        let (mut suffix, mut prefix) = (0, 0);
+        for r in 0..ex.len() {
+            let (s, t) = (starts[r], ids[r].len());
+            let m: Vec<usize> = (0..t).filter(|&i| ids[r][i] == 2).collect();
+            assert!(!m.is_empty() && m[0] >= s);
+            // One contiguous run touching either end of the answer region.
+            assert_eq!(m[m.len() - 1] - m[0] + 1, m.len());
+            let at_end = m[m.len() - 1] == t - 1;
+            let at_start = m[0] == s;
+            assert!(at_end || at_start);
+            suffix += usize::from(at_end && !at_start);
+            prefix += usize::from(at_start && !at_end);
+            // Run length ⌈t·L⌉ with weight 1/(t·L): masked weight sums to ≈ 1 per row.
+            let total: f32 = m.iter().map(|&i| w[r][i]).sum();
+            let l = (t - s) as f32;
+            assert!(
+                total >= 1.0 - 1e-4 && total < 1.0 + 1.0 / (0.05 * l) + 1e-4,
+                "{total}"
+            );
+            assert!((0..t).filter(|i| !m.contains(i)).all(|i| w[r][i] == 0.0));
+        }
+        // Both shapes occur, in roughly equal numbers.
+        assert!(suffix > 80 && prefix > 80, "{suffix} {prefix}");
+        // structured = 0 is independent masking: some row has a gap.
+        let b = diffusion_batch_shaped(&ex, 2, 0.05, false, 0.0, &mut rng, &Device::Cpu).unwrap();
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        assert!(ids.iter().any(|row| {
+            let m: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 2).collect();
+            m.len() > 1 && m[m.len() - 1] - m[0] + 1 > m.len()
+        }));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! periodic checkpoints in the final HF format, resumable from the last checkpoint.
 
 use crate::model::{Format, ModelSpec, TrainModel};
-use crate::objective::{diffusion_batch, next_token_batch, weighted_ce};
+use crate::objective::{diffusion_batch_shaped, next_token_batch, weighted_ce};
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
 use anyhow::{Context, Result};
@@ -98,6 +98,9 @@ pub struct TaskData {
     pub tasks: Vec<&'static str>,
     /// Largest length scale (1 = full task lengths).
     pub max_scale: f64,
+    /// Fraction of rows with contiguous (suffix / prefix) masks
+    /// ([`crate::objective::diffusion_batch_shaped`]).
+    pub structured: f64,
 }
 
 impl DataSource for TaskData {
@@ -137,7 +140,15 @@ impl DataSource for TaskData {
         let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
         Ok(match spec.format {
             Format::Llama => next_token_batch(&ex, dev)?,
-            f => diffusion_batch(&ex, spec.mask_id, MASK_EPS, f == Format::Dream, rng, dev)?,
+            f => diffusion_batch_shaped(
+                &ex,
+                spec.mask_id,
+                MASK_EPS,
+                f == Format::Dream,
+                if heldout { 0.0 } else { self.structured },
+                rng,
+                dev,
+            )?,
         })
     }
     fn save_tokenizer(&self, dir: &Path) -> Result<()> {
@@ -334,6 +345,7 @@ pub fn train_tasks(
         curriculum: opts.curriculum,
         tasks: vec![],
         max_scale: 1.0,
+        structured: 0.0,
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }
