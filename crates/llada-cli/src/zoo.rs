@@ -68,6 +68,11 @@ pub struct TrainArgs {
     /// prefix of the answer) instead of independently per position; see docs/training.md.
     #[arg(long, default_value_t = 0.5)]
     structured_masks: f64,
+    /// Dream-format task models: train autoregressively (causal, next token: Dream's shifted
+    /// logits already predict position i from output i − 1) for this fraction of the run
+    /// before the diffusion objective, as Dream-7B starts from an autoregressive model.
+    #[arg(long, default_value_t = 0.0)]
+    ar_warmup: f64,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -413,6 +418,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
+    if !(0.0..=1.0).contains(&a.structured_masks) || !(0.0..1.0).contains(&a.ar_warmup) {
+        bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
+    }
+    if a.ar_warmup > 0.0 && spec.format != Format::Dream {
+        bail!("--ar-warmup applies to Dream-format models (--preset tiny-dream-tasks)");
+    }
     let mut data = llada_train::trainer::TaskData {
         batch: opts.batch,
         seed: opts.seed,
@@ -420,6 +431,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         tasks,
         max_scale: a.max_scale,
         structured: a.structured_masks,
+        ar_warmup: a.ar_warmup,
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

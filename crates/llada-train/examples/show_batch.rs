@@ -29,6 +29,8 @@ fn main() -> anyhow::Result<()> {
         curriculum: 0.6,
         tasks: vec!["rev"],
         max_scale: 0.25,
+        structured: 0.5,
+        ar_warmup: 0.0,
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let b = d.batch(100, 0.5, &spec, false, &mut rng, &candle_core::Device::Cpu)?;

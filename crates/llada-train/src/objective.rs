@@ -18,6 +18,9 @@ pub struct Batch {
     pub weights: Tensor,
     /// Tokens in the batch (for throughput).
     pub tokens: usize,
+    /// Run the forward with a causal mask (next-token batches; a Dream model's
+    /// autoregressive warm-up). Causal-format models are always causal.
+    pub causal: bool,
 }
 
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
@@ -126,6 +129,7 @@ pub fn diffusion_batch_shaped(
         targets,
         weights,
         tokens: b * t,
+        causal: false,
     })
 }
 
@@ -147,6 +151,33 @@ pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
         targets: Tensor::from_vec(tg, (b, t - 1), dev)?,
         weights: Tensor::from_vec(w, (b, t - 1), dev)?,
         tokens: b * t,
+        causal: false,
+    })
+}
+
+/// A next-token batch in Dream's shifted layout, for a bidirectional Dream model's
+/// autoregressive warm-up (Dream-7B starts from an autoregressive model's weights; the tiny
+/// Dream model starts with a phase of the same objective): `ids` are the whole unmasked rows
+/// `[B, T]`, `targets[i]` = `row[i + 1]` `[B, T − 1]`, weight `1/L` on answer positions, and the
+/// forward runs causally. The loss is the one of [`weighted_ce`] with `shift`.
+pub fn shifted_next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
+    let (rows, starts) = layout(examples, 1);
+    let (b, t) = (rows.len(), rows[0].len());
+    let mut ids: Vec<u32> = Vec::with_capacity(b * t);
+    let mut tg: Vec<u32> = Vec::with_capacity(b * (t - 1));
+    let mut w: Vec<f32> = Vec::with_capacity(b * (t - 1));
+    for (row, &s) in rows.iter().zip(&starts) {
+        let l = (t - s) as f32;
+        ids.extend(row);
+        tg.extend(&row[1..]);
+        w.extend((1..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
+    }
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, t), dev)?,
+        targets: Tensor::from_vec(tg, (b, t - 1), dev)?,
+        weights: Tensor::from_vec(w, (b, t - 1), dev)?,
+        tokens: b * t,
+        causal: true,
     })
 }
 
@@ -257,6 +288,29 @@ mod tests {
             let m: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 2).collect();
             m.len() > 1 && m[m.len() - 1] - m[0] + 1 > m.len()
         }));
+    }
+
+    #[test]
+    fn shifted_next_token_batch_is_causal_and_unmasked() {
+        let mut g = TaskGen::new(6, false);
+        let ex: Vec<Example> = (0..4).map(|_| g.next(Some("add"))).collect();
+        let (rows, starts) = layout(&ex, 1);
+        let b = shifted_next_token_batch(&ex, &Device::Cpu).unwrap();
+        assert!(b.causal);
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+        let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+        for r in 0..ex.len() {
+            // Inputs are the clean rows; target i is token i + 1 (Dream's shift).
+            assert_eq!(ids[r], rows[r]);
+            assert_eq!(tg[r], rows[r][1..].to_vec());
+            // Loss on answer tokens only (target index i is row position i + 1).
+            let l = (rows[r].len() - starts[r]) as f32;
+            for (i, &wi) in w[r].iter().enumerate() {
+                let expect = if i + 1 >= starts[r] { 1.0 / l } else { 0.0 };
+                assert_eq!(wi, expect);
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! periodic checkpoints in the final HF format, resumable from the last checkpoint.
 
 use crate::model::{Format, ModelSpec, TrainModel};
-use crate::objective::{diffusion_batch_shaped, next_token_batch, weighted_ce};
+use crate::objective::{
+    diffusion_batch_shaped, next_token_batch, shifted_next_token_batch, weighted_ce,
+};
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
 use anyhow::{Context, Result};
@@ -101,6 +103,10 @@ pub struct TaskData {
     /// Fraction of rows with contiguous (suffix / prefix) masks
     /// ([`crate::objective::diffusion_batch_shaped`]).
     pub structured: f64,
+    /// Dream format: fraction of the run's progress trained autoregressively first
+    /// ([`crate::objective::shifted_next_token_batch`]), as Dream-7B starts from an
+    /// autoregressive model.
+    pub ar_warmup: f64,
 }
 
 impl DataSource for TaskData {
@@ -140,6 +146,9 @@ impl DataSource for TaskData {
         let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
         Ok(match spec.format {
             Format::Llama => next_token_batch(&ex, dev)?,
+            Format::Dream if !heldout && progress < self.ar_warmup => {
+                shifted_next_token_batch(&ex, dev)?
+            }
             f => diffusion_batch_shaped(
                 &ex,
                 spec.mask_id,
@@ -211,6 +220,7 @@ pub fn distill_batch(
         targets: Tensor::from_vec(tg, (b, t), dev)?,
         weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
         tokens: b * t,
+        causal: false,
     })
 }
 
@@ -301,7 +311,7 @@ pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
 
 fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_core::Tensor> {
     let s = &model.spec;
-    let logits = model.forward(&b.ids, s.format == Format::Llama)?;
+    let logits = model.forward(&b.ids, b.causal || s.format == Format::Llama)?;
     Ok(weighted_ce(&logits, b, s.format == Format::Dream)?)
 }
 
@@ -346,6 +356,7 @@ pub fn train_tasks(
         tasks: vec![],
         max_scale: 1.0,
         structured: 0.0,
+        ar_warmup: 0.0,
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }

@@ -103,6 +103,8 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 curriculum: 1.0,
                 tasks: vec![],
                 max_scale: 1.0,
+                structured: 0.5,
+                ar_warmup: 0.0,
             },
             &dir,
         )
