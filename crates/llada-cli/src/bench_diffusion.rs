@@ -160,17 +160,16 @@ pub struct SweepPoint {
     pub ms_per_token: f64,
 }
 
+/// The tasks with long answers (since stop 14 running sums stop at 32 digits).
+const LONG_TASKS: [&str; 2] = ["sort", "multi"];
+
 /// Long-answer held-out examples that fit `gen` (answer + at least one EOS).
 fn long_examples(n: usize, min: usize, gen: usize) -> Vec<Example> {
-    // Since stop 14, running sums stop at 32 digits: the long answers are sorts and `multi`.
-    let pool = held_out_subset(4 * n + 16, &["sort", "multi"], 1.0);
-    let mut by_task: Vec<Vec<Example>> = vec![vec![]; 2];
+    let pool = held_out_subset(4 * n + 16, &LONG_TASKS, 1.0);
+    let mut by_task: Vec<Vec<Example>> = vec![vec![]; LONG_TASKS.len()];
     for e in pool {
         if e.answer.len() >= min && e.answer.len() < gen {
-            let k = ["sort", "multi"]
-                .iter()
-                .position(|t| *t == e.task)
-                .unwrap_or(0);
+            let k = LONG_TASKS.iter().position(|t| *t == e.task).unwrap_or(0);
             by_task[k].push(e);
         }
     }

@@ -91,7 +91,9 @@ pub fn diffusion_batch_shaped(
     for (r, (row, &s)) in rows.iter().zip(&starts).enumerate() {
         let tt: f64 = eps + (1.0 - eps) * ((r as f64 + u) / b as f64);
         let l = (t - s) as f64;
-        let shape: f64 = rng.random();
+        // Drawn only when used: with `structured = 0` the random stream, and so every mask,
+        // is that of plain independent masking.
+        let shape: f64 = if structured > 0.0 { rng.random() } else { 1.0 };
         let mut masked: Vec<bool> = if shape < structured {
             let k = ((tt * l).ceil() as usize).clamp(1, t - s);
             let run = if shape < structured / 2.0 {
@@ -135,24 +137,7 @@ pub fn diffusion_batch_shaped(
 
 /// A next-token batch over the answers (causal models).
 pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
-    let (rows, starts) = layout(examples, 1);
-    let (b, t) = (rows.len(), rows[0].len());
-    let mut ids: Vec<u32> = vec![];
-    let mut tg: Vec<u32> = vec![];
-    let mut w: Vec<f32> = vec![];
-    for (row, &s) in rows.iter().zip(&starts) {
-        let l = (t - s) as f32;
-        ids.extend(&row[..t - 1]);
-        tg.extend(&row[1..]);
-        w.extend((1..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
-    }
-    Ok(Batch {
-        ids: Tensor::from_vec(ids, (b, t - 1), dev)?,
-        targets: Tensor::from_vec(tg, (b, t - 1), dev)?,
-        weights: Tensor::from_vec(w, (b, t - 1), dev)?,
-        tokens: b * t,
-        causal: false,
-    })
+    next_token(examples, false, dev)
 }
 
 /// A next-token batch in Dream's shifted layout, for a bidirectional Dream model's
@@ -161,19 +146,26 @@ pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
 /// `[B, T]`, `targets[i]` = `row[i + 1]` `[B, T − 1]`, weight `1/L` on answer positions, and the
 /// forward runs causally. The loss is the one of [`weighted_ce`] with `shift`.
 pub fn shifted_next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
+    next_token(examples, true, dev)
+}
+
+/// Targets `row[1..]` weighted `1/L` on answer positions, causal. Inputs are `row[..T − 1]`,
+/// or the whole row with `whole_rows` (Dream's layout: its last output carries no loss).
+fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Batch> {
     let (rows, starts) = layout(examples, 1);
     let (b, t) = (rows.len(), rows[0].len());
-    let mut ids: Vec<u32> = Vec::with_capacity(b * t);
+    let ti = if whole_rows { t } else { t - 1 };
+    let mut ids: Vec<u32> = Vec::with_capacity(b * ti);
     let mut tg: Vec<u32> = Vec::with_capacity(b * (t - 1));
     let mut w: Vec<f32> = Vec::with_capacity(b * (t - 1));
     for (row, &s) in rows.iter().zip(&starts) {
         let l = (t - s) as f32;
-        ids.extend(row);
+        ids.extend(&row[..ti]);
         tg.extend(&row[1..]);
         w.extend((1..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
     }
     Ok(Batch {
-        ids: Tensor::from_vec(ids, (b, t), dev)?,
+        ids: Tensor::from_vec(ids, (b, ti), dev)?,
         targets: Tensor::from_vec(tg, (b, t - 1), dev)?,
         weights: Tensor::from_vec(w, (b, t - 1), dev)?,
         tokens: b * t,

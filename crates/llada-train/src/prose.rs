@@ -174,7 +174,7 @@ pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
         targets: Tensor::from_vec(tg, (b, t), dev)?,
         weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
         tokens: b * t,
-        causal: false,
+        causal: true,
     })
 }
 

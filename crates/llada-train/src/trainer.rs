@@ -220,7 +220,7 @@ pub fn distill_batch(
         targets: Tensor::from_vec(tg, (b, t), dev)?,
         weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
         tokens: b * t,
-        causal: false,
+        causal: true,
     })
 }
 
