@@ -64,15 +64,28 @@ pub struct TrainArgs {
     /// Windows of 128 tokens the target labels for --distill.
     #[arg(long, default_value_t = 2048)]
     distill_windows: usize,
+    /// Where --distill's windows come from: `corpus` (training-split windows, labelled with
+    /// the target's argmax) or `generated` (a 32-token training-split prefix, alternately as raw
+    /// text and inside a chat request, continued by the target's own greedy tokens: the text
+    /// a draft meets during speculation).
+    #[arg(long, default_value = "corpus", value_parser = ["corpus", "generated"])]
+    distill_source: String,
+    /// Fine-tune: start from this checkpoint directory's weights (same preset) with a fresh
+    /// schedule, e.g. `--init-from models/smollm2-draft --distill smollm2 --distill-source
+    /// generated`.
+    #[arg(long)]
+    init_from: Option<PathBuf>,
     /// Task models: fraction of training rows masked as one contiguous run (half suffix, half
-    /// prefix of the answer) instead of independently per position; see docs/training.md.
-    #[arg(long, default_value_t = 0.5)]
-    structured_masks: f64,
+    /// prefix of the answer) instead of independently per position; see docs/training.md
+    /// [default: 0.5].
+    #[arg(long)]
+    structured_masks: Option<f64>,
     /// Dream-format task models: train autoregressively (causal, next token: Dream's shifted
     /// logits already predict position i from output i − 1) for this fraction of the run
-    /// before the diffusion objective, as Dream-7B starts from an autoregressive model.
-    #[arg(long, default_value_t = 0.0)]
-    ar_warmup: f64,
+    /// before the diffusion objective, as Dream-7B starts from an autoregressive model
+    /// [default: 0].
+    #[arg(long)]
+    ar_warmup: Option<f64>,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -108,6 +121,7 @@ impl TrainArgs {
             checkpoint_every: self.checkpoint_every.max(1),
             curriculum,
             time_budget_s: self.minutes.map(|m| m * 60.0),
+            init_from: self.init_from.clone(),
         }
     }
 }
@@ -235,7 +249,13 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let mut corpus = Corpus::load(&files, &tokenizer, eos)?;
     let seq_len = 128;
     let mut distill = match &a.distill {
-        Some(t) => distill_labels(t, &corpus.train, a.distill_windows, seq_len)?,
+        Some(t) => distill_labels(
+            t,
+            &corpus.train,
+            a.distill_windows,
+            seq_len,
+            a.distill_source == "generated",
+        )?,
         None => vec![],
     };
     let reduced_vocab = if a.preset == "smollm2-draft" && DRAFT_VOCAB < vocab {
@@ -248,6 +268,9 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
             100.0 * cover
         );
         spec.vocab = ids.len() + 1;
+        if let Some(dir) = &a.init_from {
+            check_reduced_ids(dir, &ids)?;
+        }
         Some((ids, vocab))
     } else {
         None
@@ -279,15 +302,22 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Tokens of a `generated` distillation window's corpus prefix.
+const GEN_PREFIX: usize = 32;
+
 /// `n` windows of `t` tokens spread evenly over `train` (full token ids), each with the target's
-/// argmax after every prefix (one causal forward per window). Cached in
-/// `data/distill-TARGET-NxT.bin` (magic, n, t, inputs, labels as little-endian u32); the cache
-/// is used only if its inputs are exactly this corpus's windows.
+/// argmax after every prefix (one causal forward per window). With `generated`, window `k`
+/// keeps only its first [`GEN_PREFIX`] corpus tokens — as raw text for even `k`, inside a chat
+/// request ("Continue this passage: …") for odd `k` — and the target continues it greedily to
+/// `t` tokens. Cached in `data/distill[-gen]-TARGET-NxT.bin` (magic, n, t, inputs, labels as
+/// little-endian u32); the cache is used only if its inputs are this corpus's windows (for
+/// `generated`: if its raw-text windows start with this corpus's prefixes).
 fn distill_labels(
     target: &str,
     train: &[u32],
     n: usize,
     t: usize,
+    generated: bool,
 ) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
     if n == 0 || train.len() < t + 1 {
         bail!("--distill-windows must be > 0 and the corpus longer than a window");
@@ -301,7 +331,15 @@ fn distill_labels(
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    let cache = PathBuf::from("data").join(format!("distill-{stem}-{n}x{t}.bin"));
+    let kind = if generated { "distill-gen" } else { "distill" };
+    let cache = PathBuf::from("data").join(format!("{kind}-{stem}-{n}x{t}.bin"));
+    let same_source = |k: usize, x: &[u32]| {
+        if generated {
+            k % 2 == 1 || x[..GEN_PREFIX.min(t)] == inputs[k][..GEN_PREFIX.min(t)]
+        } else {
+            x == inputs[k].as_slice()
+        }
+    };
     if let Ok(bytes) = std::fs::read(&cache) {
         let w: Vec<u32> = bytes
             .chunks_exact(4)
@@ -313,10 +351,11 @@ fn distill_labels(
             && w[2] as usize == t
         {
             let (xs, ys) = w[3..].split_at(n * t);
-            if xs.chunks(t).zip(&inputs).all(|(a, b)| a == b.as_slice()) {
+            if xs.chunks(t).enumerate().all(|(k, x)| same_source(k, x)) {
                 eprintln!("distillation labels: {} (cached)", cache.display());
-                return Ok(inputs
-                    .into_iter()
+                return Ok(xs
+                    .chunks(t)
+                    .map(<[u32]>::to_vec)
                     .zip(ys.chunks(t).map(<[u32]>::to_vec))
                     .collect());
             }
@@ -338,7 +377,12 @@ fn distill_labels(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut out = Vec::with_capacity(n);
-    for x in inputs {
+    for (k, x) in inputs.iter().enumerate() {
+        let x = if generated {
+            generate_window(&model, &lane, &x[..GEN_PREFIX.min(t)], k % 2 == 1, t)?
+        } else {
+            x.clone()
+        };
         let y = causal_argmax(&model, &lane, &x)?;
         out.push((x, y));
         pb.inc(1);
@@ -351,6 +395,69 @@ fn distill_labels(
     std::fs::create_dir_all("data")?;
     std::fs::write(&cache, bytes).with_context(|| format!("writing {}", cache.display()))?;
     Ok(out)
+}
+
+/// A `t`-token window: `prefix` (as raw text, or inside a chat request) continued by the
+/// target's own greedy tokens.
+fn generate_window(
+    model: &Model,
+    lane: &Lane,
+    prefix: &[u32],
+    chat: bool,
+    t: usize,
+) -> Result<Vec<u32>> {
+    let prompt = if chat {
+        let tok = model
+            .tokenizer
+            .as_ref()
+            .context("the target has no tokenizer")?;
+        let text = format!("Continue this passage:\n{}", tok.decode(prefix));
+        let msg = llada_formats::tokenizer::Message::new("user", &text);
+        let ids = tok
+            .encode(&tok.template.render(&[msg], true))
+            .map_err(anyhow::Error::msg)?;
+        ids[..ids.len().min(t - 1)].to_vec()
+    } else {
+        prefix.to_vec()
+    };
+    let cfg = llada_decode::ar::GenerateConfig {
+        max_tokens: t - prompt.len(),
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let g = llada_decode::ar::generate(model, lane, &prompt, &cfg, |_| true)?;
+    let mut x = prompt;
+    x.extend_from_slice(&g.tokens);
+    if x.len() != t {
+        bail!("the target produced {} of {t} window tokens", x.len());
+    }
+    Ok(x)
+}
+
+/// Fine-tuning a draft keeps its reduced vocabulary: the ids computed from the corpus must be
+/// the ones `dir`'s checkpoint was trained over.
+fn check_reduced_ids(dir: &std::path::Path, ids: &[u32]) -> Result<()> {
+    let file = dir.join("config.json");
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?,
+    )
+    .with_context(|| format!("parsing {}", file.display()))?;
+    let theirs: Vec<u32> = cfg["reduced_vocab_ids"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default();
+    if theirs != ids {
+        bail!(
+            "{} was trained over another reduced vocabulary than this corpus gives",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn report(st: &llada_train::trainer::TrainState) {
@@ -384,6 +491,14 @@ pub fn train(a: TrainArgs) -> Result<()> {
         bail!("--distill applies to drafts (--preset smollm2-draft)");
     }
     if prose_preset(&a.preset, 0).is_some() {
+        // Task-model options would otherwise be accepted and silently ignored.
+        if !a.tasks.is_empty() || a.structured_masks.is_some() || a.ar_warmup.is_some() {
+            bail!(
+                "--tasks, --structured-masks and --ar-warmup apply to the task presets \
+                 (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
+                a.preset
+            );
+        }
         let out = a
             .out
             .clone()
@@ -418,10 +533,14 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
-    if !(0.0..=1.0).contains(&a.structured_masks) || !(0.0..1.0).contains(&a.ar_warmup) {
+    let (structured, ar_warmup) = (
+        a.structured_masks.unwrap_or(0.5),
+        a.ar_warmup.unwrap_or(0.0),
+    );
+    if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
-    if a.ar_warmup > 0.0 && spec.format != Format::Dream {
+    if ar_warmup > 0.0 && spec.format != Format::Dream {
         bail!("--ar-warmup applies to Dream-format models (--preset tiny-dream-tasks)");
     }
     let mut data = llada_train::trainer::TaskData {
@@ -430,8 +549,8 @@ pub fn train(a: TrainArgs) -> Result<()> {
         curriculum: opts.curriculum,
         tasks,
         max_scale: a.max_scale,
-        structured: a.structured_masks,
-        ar_warmup: a.ar_warmup,
+        structured,
+        ar_warmup,
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

@@ -141,6 +141,36 @@ fn bad_input_is_a_clear_error() {
         (&["generate", "hi", "--quantize", "q3_z"], "--quantize"),
         (&["info", "/etc/hostname"], "not a GGUF file"),
         (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-prose",
+                "--structured-masks",
+                "0.5",
+            ],
+            "apply to the task presets",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--ar-warmup",
+                "0.5",
+            ],
+            "Dream-format",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--tasks",
+                "add,mul",
+            ],
+            "unknown task",
+        ),
+        (
             &["generate", "hi", "--mode", "speculative", "--edc"],
             "--ahasd",
         ),

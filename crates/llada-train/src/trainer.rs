@@ -29,6 +29,10 @@ pub struct TrainOptions {
     /// Stop (after a checkpoint) once the run's wall time reaches this many seconds.
     #[serde(default)]
     pub time_budget_s: Option<f64>,
+    /// Fine-tuning: start from this checkpoint directory's weights (same shape) with a fresh
+    /// schedule, instead of the seeded initialisation. A resumed run ignores it.
+    #[serde(default)]
+    pub init_from: Option<std::path::PathBuf>,
 }
 
 /// Global gradient-norm clip (the standard 1.0: the 1/t-weighted diffusion loss has rare
@@ -361,6 +365,34 @@ pub fn train_tasks(
     train(spec, opts, out, resume, quiet, &mut data)
 }
 
+/// Set every trainable variable from `dir/model.safetensors` (a checkpoint of the same shape).
+fn load_weights(model: &TrainModel, dir: &Path, dev: &Device) -> Result<()> {
+    let file = dir.join("model.safetensors");
+    let saved = candle_core::safetensors::load(&file, dev)
+        .with_context(|| format!("reading {}", file.display()))?;
+    for (name, var) in model
+        .varmap
+        .data()
+        .lock()
+        .map_err(|_| anyhow::anyhow!("variable map poisoned"))?
+        .iter()
+    {
+        let t = saved
+            .get(name)
+            .with_context(|| format!("{} lacks {name}", file.display()))?;
+        if t.dims() != var.dims() {
+            anyhow::bail!(
+                "{}: {name} has shape {:?}, this preset needs {:?}",
+                file.display(),
+                t.dims(),
+                var.dims()
+            );
+        }
+        var.set(&t.to_dtype(candle_core::DType::F32)?)?;
+    }
+    Ok(())
+}
+
 /// Train on any data source; checkpoints go to `out` (resumable with `resume`).
 pub fn train(
     spec: ModelSpec,
@@ -378,24 +410,17 @@ pub fn train(
     let mut tokens: u64 = 0;
     if resume && state_path.exists() {
         let st: TrainState = serde_json::from_str(&std::fs::read_to_string(&state_path)?)?;
-        let saved = candle_core::safetensors::load(out.join("model.safetensors"), &dev)?;
-        for (name, var) in model
-            .varmap
-            .data()
-            .lock()
-            .map_err(|_| anyhow::anyhow!("variable map poisoned"))?
-            .iter()
-        {
-            let t = saved
-                .get(name)
-                .with_context(|| format!("checkpoint lacks {name}"))?;
-            var.set(&t.to_dtype(candle_core::DType::F32)?)?;
-        }
+        load_weights(&model, out, &dev)?;
         start = st.step;
         wall0 = st.wall_s;
         tokens = st.tokens;
         if !quiet {
             eprintln!("resuming from step {start} (AdamW moments restart)");
+        }
+    } else if let Some(dir) = &opts.init_from {
+        load_weights(&model, dir, &dev)?;
+        if !quiet {
+            eprintln!("fine-tuning from {}", dir.display());
         }
     }
     let params = ParamsAdamW {

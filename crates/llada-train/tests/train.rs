@@ -416,6 +416,7 @@ fn time_budget_drives_the_schedule() {
         checkpoint_every: 100,
         curriculum: 0.6,
         time_budget_s: None,
+        init_from: None,
     };
     assert!((run_progress(&o, 500, 1e6) - 0.5).abs() < 1e-12);
     assert!(
@@ -486,4 +487,89 @@ fn initial_parameters_follow_the_seed() {
         (std - spec(Format::Dream).init_std as f32).abs() < 0.2 * std,
         "std {std}"
     );
+}
+
+/// `init_from` (fine-tuning) starts from the given checkpoint's weights instead of the seeded
+/// initialisation; a checkpoint of another shape is refused with the tensor's name.
+#[test]
+fn fine_tuning_starts_from_the_given_checkpoint() {
+    use llada_train::trainer::{train, TrainOptions};
+    let dev = Device::Cpu;
+    let base = std::env::temp_dir().join(format!("llada-train-ft-{}", std::process::id()));
+    let data = || TaskData {
+        batch: 2,
+        seed: 0,
+        curriculum: 1.0,
+        tasks: vec!["rev"],
+        max_scale: 0.1,
+        structured: 0.0,
+        ar_warmup: 0.0,
+    };
+    let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
+        let t = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
+        let mut v: Vec<(String, Vec<f32>)> = t
+            .into_iter()
+            .map(|(k, x)| (k, x.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    // The source checkpoint: seed 1's initial weights.
+    let src = base.join("src");
+    let m = TrainModel::new(spec(Format::LLaDA), &dev, 1).unwrap();
+    save_with(&m, &data(), &src).unwrap();
+    // One step at learning rate 0 from seed 2 keeps whatever the run started from.
+    let opts = |init_from: Option<std::path::PathBuf>| TrainOptions {
+        steps: 1,
+        batch: 2,
+        lr: 0.0,
+        warmup: 1,
+        seed: 2,
+        checkpoint_every: 1,
+        curriculum: 1.0,
+        time_budget_s: None,
+        init_from,
+    };
+    let (ft, fresh) = (base.join("ft"), base.join("fresh"));
+    train(
+        spec(Format::LLaDA),
+        opts(Some(src.clone())),
+        &ft,
+        false,
+        true,
+        &mut data(),
+    )
+    .unwrap();
+    train(
+        spec(Format::LLaDA),
+        opts(None),
+        &fresh,
+        false,
+        true,
+        &mut data(),
+    )
+    .unwrap();
+    assert_eq!(
+        weights(&ft),
+        weights(&src),
+        "fine-tuning starts from the checkpoint"
+    );
+    assert_ne!(weights(&fresh), weights(&src), "without it, from the seed");
+    // Another shape: a clear error naming the tensor.
+    let wide = ModelSpec {
+        d_model: 96,
+        ..spec(Format::LLaDA)
+    };
+    let err = train(
+        wide,
+        opts(Some(src)),
+        &base.join("bad"),
+        false,
+        true,
+        &mut data(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("has shape"), "{err}");
+    let _ = std::fs::remove_dir_all(&base);
 }
