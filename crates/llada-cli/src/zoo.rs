@@ -442,16 +442,9 @@ fn check_reduced_ids(dir: &std::path::Path, ids: &[u32]) -> Result<()> {
         &std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?,
     )
     .with_context(|| format!("parsing {}", file.display()))?;
-    let theirs: Vec<u32> = cfg["reduced_vocab_ids"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(|x| x.as_u64())
-                .map(|x| x as u32)
-                .collect()
-        })
-        .unwrap_or_default();
-    if theirs != ids {
+    // The engine's own reading of `reduced_vocab_ids` (validated), not a second parser.
+    let theirs = llada_model::ModelConfig::from_hf(&cfg, &file)?.vocab_ids;
+    if theirs.as_deref() != Some(ids) {
         bail!(
             "{} was trained over another reduced vocabulary than this corpus gives",
             dir.display()
