@@ -160,7 +160,7 @@ pub struct SweepPoint {
     pub ms_per_token: f64,
 }
 
-/// The tasks with long answers (since stop 14 running sums stop at 32 digits).
+/// The tasks with long answers (single sums and running sums stop at 11 and 16 digits).
 const LONG_TASKS: [&str; 2] = ["sort", "multi"];
 
 /// Long-answer held-out examples that fit `gen` (answer + at least one EOS).

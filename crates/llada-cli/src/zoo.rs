@@ -28,9 +28,15 @@ pub struct TrainArgs {
     /// Optimizer steps (default: the preset's).
     #[arg(long)]
     steps: Option<usize>,
-    /// Sequences per batch.
+    /// Sequences per batch (task models: at most, see --batch-tokens).
     #[arg(long, default_value_t = 32)]
     batch: usize,
+    /// Task models: token budget of a training batch (0: off). Batches of long rows keep
+    /// only BATCH_TOKENS / row length of their --batch rows (at least 4), so a step costs about
+    /// the same whatever the task and short tasks get their share of the compute
+    /// [default: 2048].
+    #[arg(long)]
+    batch_tokens: Option<usize>,
     /// Peak learning rate.
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
@@ -485,9 +491,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
     }
     if prose_preset(&a.preset, 0).is_some() {
         // Task-model options would otherwise be accepted and silently ignored.
-        if !a.tasks.is_empty() || a.structured_masks.is_some() || a.ar_warmup.is_some() {
+        if !a.tasks.is_empty()
+            || a.structured_masks.is_some()
+            || a.ar_warmup.is_some()
+            || a.batch_tokens.is_some()
+        {
             bail!(
-                "--tasks, --structured-masks and --ar-warmup apply to the task presets \
+                "--tasks, --structured-masks, --ar-warmup and --batch-tokens apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -538,6 +548,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
     }
     let mut data = llada_train::trainer::TaskData {
         batch: opts.batch,
+        batch_tokens: a.batch_tokens.unwrap_or(2048),
         seed: opts.seed,
         curriculum: opts.curriculum,
         tasks,

@@ -154,6 +154,16 @@ fn bad_input_is_a_clear_error() {
             &[
                 "train",
                 "--preset",
+                "tiny-llada-prose",
+                "--batch-tokens",
+                "4096",
+            ],
+            "apply to the task presets",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
                 "tiny-llada-tasks",
                 "--ar-warmup",
                 "0.5",

@@ -25,6 +25,7 @@ fn main() -> anyhow::Result<()> {
     };
     let mut d = TaskData {
         batch: 6,
+        batch_tokens: 0,
         seed: 0,
         curriculum: 0.6,
         tasks: vec!["rev"],

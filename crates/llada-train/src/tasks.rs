@@ -2,20 +2,21 @@
 //!
 //! | task | prompt | answer | answer length |
 //! |---|---|---|---|
-//! | `add` | `add:0…0123+0…04567=` (both operands zero-padded to 16 digits) | `0…04690` (17 digits) | 17 |
+//! | `add` | `add:0…0123+0…04567=` (both operands zero-padded to [`ADD_WIDTH`] = 10 digits) | `0…04690` (11 digits) | 11 |
 //! | `sort` | `sort:3 1 2=` | `1 2 3` | 1–143 |
 //! | `rev` | `rev:hello=` | `olleh` | 1–16 |
-//! | `cumsum` | `cum:0…03141=` (zero-padded to 32 digits) | `0…03485` (running sum mod 10: every answer digit depends on the previous) | 32 |
-//! | `multi` | `add:…;rev:ab;cum:…=` | `…;ba;…` (two to five questions in one response) | up to ≥128 |
+//! | `cumsum` | `cum:0…03141=` (zero-padded to [`CUM_WIDTH`] = 16 digits) | `0…03485` (running sum mod 10: every answer digit depends on the previous) | 16 |
+//! | `multi` | `add:…;rev:ab;cum:…=` | `…;ba;…` (two to five questions in one response) | 3–84 |
 //!
 //! Sums and running sums are **fixed-width** (since stop 15): the operands have 1–16 (1–32)
-//! significant digits, zero-padded, so every answer digit sits at the same distance from the
+//! significant digits — 1–10 (1–16) since stop 16, which narrowed them so that an exact match
+//! needs fewer digits right — zero-padded, so every answer digit sits at the same distance from the
 //! operand digits it depends on in every example. Position enters these bidirectional RoPE
 //! models only through relative distances in attention; with natural-width numbers that distance
 //! depends on the operands' lengths, and a 4-minute run on sums alone went from 0 % to 12.5 %
 //! exact when the width was fixed (docs/training.md, "Fixed-width numbers"). Word reversal needs
 //! no padding: answer letter k reads the prompt 2k + 2 positions back whatever the word's length.
-//! Long answers come from long sorts and from `multi`.
+//! Answers of ≥ 128 characters come from long sorts.
 //!
 //! The held-out split is fixed: an example belongs to it iff a hash of its prompt falls in
 //! bucket 0 of 16; training generators skip those prompts, so train and held-out never overlap.
@@ -32,6 +33,11 @@ pub struct Example {
 }
 
 pub const TASKS: [&str; 5] = ["add", "sort", "rev", "cumsum", "multi"];
+
+/// Digits of a sum's operands (zero-padded); the answer has one more.
+pub const ADD_WIDTH: usize = 10;
+/// Digits of a running sum's input and answer (zero-padded).
+pub const CUM_WIDTH: usize = 16;
 
 fn digits(rng: &mut StdRng, n: usize) -> String {
     let mut s: String = (0..n)
@@ -74,10 +80,14 @@ fn one(rng: &mut StdRng, task: &'static str, scale: f64, lo: f64) -> (String, St
     };
     match task {
         "add" => {
-            let (la, lb) = (len(rng, 16), len(rng, 16));
+            let (la, lb) = (len(rng, ADD_WIDTH), len(rng, ADD_WIDTH));
             let (a, b) = (digits(rng, la), digits(rng, lb));
             let sum = add_strings(&a, &b);
-            (format!("add:{a:0>16}+{b:0>16}"), format!("{sum:0>17}"))
+            let w = ADD_WIDTH;
+            (
+                format!("add:{a:0>w$}+{b:0>w$}"),
+                format!("{sum:0>width$}", width = w + 1),
+            )
         }
         "sort" => {
             let n = len(rng, 72);
@@ -100,7 +110,7 @@ fn one(rng: &mut StdRng, task: &'static str, scale: f64, lo: f64) -> (String, St
             (format!("rev:{w}"), w.chars().rev().collect())
         }
         _ => {
-            let l = len(rng, 32);
+            let l = len(rng, CUM_WIDTH);
             let d = digits(rng, l);
             let mut acc = 0u32;
             let out: String = d
@@ -111,7 +121,8 @@ fn one(rng: &mut StdRng, task: &'static str, scale: f64, lo: f64) -> (String, St
                 })
                 .collect();
             // Leading zeros add nothing to a running sum: the answer's padding is zeros too.
-            (format!("cum:{d:0>32}"), format!("{out:0>32}"))
+            let w = CUM_WIDTH;
+            (format!("cum:{d:0>w$}"), format!("{out:0>w$}"))
         }
     }
 }
@@ -283,8 +294,8 @@ mod tests {
                     .split_once('+')
                     .unwrap();
                 let (x, y): (u128, u128) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
-                assert_eq!((a.len(), b.len()), (16, 16), "{}", e.prompt);
-                assert_eq!(e.answer, format!("{:017}", x + y));
+                assert_eq!((a.len(), b.len()), (ADD_WIDTH, ADD_WIDTH), "{}", e.prompt);
+                assert_eq!(e.answer, format!("{:0w$}", x + y, w = ADD_WIDTH + 1));
             }
             crate::vocab::CharVocab::encode(&e.prompt);
             crate::vocab::CharVocab::encode(&e.answer);

@@ -98,6 +98,11 @@ pub const MASK_EPS: f64 = 0.05;
 /// The synthetic tasks (char vocabulary), with a length curriculum.
 pub struct TaskData {
     pub batch: usize,
+    /// Token budget of a training batch (0: off): a batch of long rows keeps only
+    /// `batch_tokens / row length` of its `batch` rows (at least 4), so that a step of long sorts
+    /// costs about what a step of short sums does and the short tasks are not starved of steps
+    /// by the long ones. The held-out batch is never trimmed.
+    pub batch_tokens: usize,
     pub seed: u64,
     pub curriculum: f64,
     /// Tasks to draw from (empty: all).
@@ -147,7 +152,16 @@ impl DataSource for TaskData {
             gen.lo = band / (band + 1.0);
             Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
         };
-        let ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
+        let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
+        if !heldout && self.batch_tokens > 0 {
+            // + BOS and EOS.
+            let row = ex
+                .iter()
+                .map(|e| e.prompt.len() + e.answer.len() + 2)
+                .max()
+                .unwrap_or(1);
+            ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
+        }
         Ok(match spec.format {
             Format::Llama => next_token_batch(&ex, dev)?,
             Format::Dream if !heldout && progress < self.ar_warmup => {
@@ -355,6 +369,7 @@ pub fn train_tasks(
 ) -> Result<TrainState> {
     let mut data = TaskData {
         batch: opts.batch,
+        batch_tokens: 0,
         seed: opts.seed,
         curriculum: opts.curriculum,
         tasks: vec![],

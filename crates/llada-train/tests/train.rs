@@ -99,6 +99,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
             &model,
             &TaskData {
                 batch: 1,
+                batch_tokens: 0,
                 seed: 0,
                 curriculum: 1.0,
                 tasks: vec![],
@@ -498,6 +499,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
     let base = std::env::temp_dir().join(format!("llada-train-ft-{}", std::process::id()));
     let data = || TaskData {
         batch: 2,
+        batch_tokens: 0,
         seed: 0,
         curriculum: 1.0,
         tasks: vec!["rev"],
@@ -572,4 +574,52 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
     .to_string();
     assert!(err.contains("has shape"), "{err}");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn token_budget_trims_long_batches_only() {
+    use llada_train::trainer::DataSource;
+    let dev = Device::Cpu;
+    let s = spec(Format::LLaDA);
+    let data = |tasks: Vec<&'static str>, batch_tokens| TaskData {
+        batch: 32,
+        batch_tokens,
+        seed: 3,
+        curriculum: 1.0,
+        tasks,
+        max_scale: 1.0,
+        structured: 0.0,
+        ar_warmup: 0.0,
+    };
+    for step in 0..6 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+        // Long sorts (progress 1: full lengths) lose rows to the budget; never below 4.
+        let sorts = data(vec!["sort"], 2048)
+            .batch(step as usize, 1.0, &s, false, &mut rng, &dev)
+            .unwrap();
+        let (rows, len) = sorts.ids.dims2().unwrap();
+        assert!(
+            (4..32).contains(&rows) || len <= 2048 / 32,
+            "{rows} x {len}"
+        );
+        // The budget counts unpadded rows (+ BOS, EOS); the layout pads to a multiple of 8.
+        assert!(rows == 4 || rows * (len - 8) <= 2048, "{rows} x {len}");
+        // Without a budget, and for the held-out batch, every row stays.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+        let full = data(vec!["sort"], 0)
+            .batch(step as usize, 1.0, &s, false, &mut rng, &dev)
+            .unwrap();
+        assert_eq!(full.ids.dims2().unwrap().0, 32);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+        let held = data(vec!["sort"], 2048)
+            .batch(0, 1.0, &s, true, &mut rng, &dev)
+            .unwrap();
+        assert_eq!(held.ids.dims2().unwrap().0, 32);
+        // Short sums fit the budget whole.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+        let sums = data(vec!["add"], 2048)
+            .batch(step as usize, 1.0, &s, false, &mut rng, &dev)
+            .unwrap();
+        assert_eq!(sums.ids.dims2().unwrap().0, 32);
+    }
 }
