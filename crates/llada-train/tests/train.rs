@@ -622,4 +622,18 @@ fn token_budget_trims_long_batches_only() {
             .unwrap();
         assert_eq!(sums.ids.dims2().unwrap().0, 32);
     }
+    // Held-out: one batch per task and length quarter, so a sum is never padded to a sort.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let held = data(vec!["sort", "add"], 2048)
+        .heldout_batches(&s, &mut rng, &dev)
+        .unwrap();
+    assert_eq!(held.len(), 8);
+    let lens: Vec<usize> = held.iter().map(|b| b.ids.dims2().unwrap().1).collect();
+    assert!(held.iter().all(|b| b.ids.dims2().unwrap().0 == 8));
+    // Sort quarters grow in length; sum quarters are all one (fixed-width) length.
+    assert!(lens[..4].windows(2).all(|w| w[0] <= w[1]), "{lens:?}");
+    assert!(
+        lens[4..].iter().all(|&l| l == lens[4] && l < lens[3]),
+        "{lens:?}"
+    );
 }
