@@ -153,7 +153,8 @@ impl DataSource for TaskData {
         };
         // Training batches are bucketed: one task and one length band (a quarter of the range)
         // per batch, so rows need little EOS padding beyond their own answer (mixed-length
-        // batches made the padding dominate the 1/(t·L) loss). The held-out batch mixes all.
+        // batches made the padding dominate the 1/(t·L) loss). The held-out batch mixes all
+        // (the trainer's loss report uses `heldout_batches` instead).
         let task = if heldout {
             None
         } else {
@@ -172,21 +173,9 @@ impl DataSource for TaskData {
                 .unwrap_or(1);
             ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
         }
-        Ok(match spec.format {
-            Format::Llama => next_token_batch(&ex, dev)?,
-            Format::Dream if !heldout && progress < self.ar_warmup => {
-                shifted_next_token_batch(&ex, dev)?
-            }
-            f => diffusion_batch_shaped(
-                &ex,
-                spec.mask_id,
-                MASK_EPS,
-                f == Format::Dream,
-                if heldout { 0.0 } else { self.structured },
-                rng,
-                dev,
-            )?,
-        })
+        let ar = !heldout && progress < self.ar_warmup;
+        let structured = if heldout { 0.0 } else { self.structured };
+        encode(&ex, spec, ar, structured, rng, dev)
     }
     /// One batch per task and length quarter (`batch / 4` held-out rows each, at least 1),
     /// each with independent masks. Since stop 16; before, one batch mixed every task and
@@ -212,18 +201,7 @@ impl DataSource for TaskData {
             let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
-                out.push(match spec.format {
-                    Format::Llama => next_token_batch(band, dev)?,
-                    f => diffusion_batch_shaped(
-                        band,
-                        spec.mask_id,
-                        MASK_EPS,
-                        f == Format::Dream,
-                        0.0,
-                        rng,
-                        dev,
-                    )?,
-                });
+                out.push(encode(band, spec, false, 0.0, rng, dev)?);
             }
         }
         Ok(out)
@@ -245,6 +223,32 @@ impl DataSource for TaskData {
         )?;
         Ok(())
     }
+}
+
+/// Task examples as the batch `spec`'s objective trains on: next-token rows for LLaMA drafts
+/// and, with `ar`, for a Dream model's autoregressive warm-up; masked-diffusion rows (a
+/// fraction `structured` with contiguous masks) otherwise.
+fn encode(
+    ex: &[Example],
+    spec: &ModelSpec,
+    ar: bool,
+    structured: f64,
+    rng: &mut rand::rngs::StdRng,
+    dev: &Device,
+) -> Result<crate::objective::Batch> {
+    Ok(match spec.format {
+        Format::Llama => next_token_batch(ex, dev)?,
+        Format::Dream if ar => shifted_next_token_batch(ex, dev)?,
+        f => diffusion_batch_shaped(
+            ex,
+            spec.mask_id,
+            MASK_EPS,
+            f == Format::Dream,
+            structured,
+            rng,
+            dev,
+        )?,
+    })
 }
 
 /// Prose windows (masked-diffusion pretraining for LLaDA/Dream, next-token for Llama drafts).
