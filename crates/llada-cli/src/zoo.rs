@@ -86,10 +86,11 @@ pub struct TrainArgs {
     /// [default: 0.5].
     #[arg(long)]
     structured_masks: Option<f64>,
-    /// Dream-format task models: train autoregressively (causal, next token: Dream's shifted
-    /// logits already predict position i from output i − 1) for this fraction of the run
-    /// before the diffusion objective, as Dream-7B starts from an autoregressive model
-    /// [default: 0].
+    /// Diffusion task models: train autoregressively (causal attention, next token) for this
+    /// fraction of the run before the diffusion objective, as Dream-7B starts from an
+    /// autoregressive model. Dream's shifted logits already predict position i from output
+    /// i − 1; a LLaDA model's output i predicts token i + 1 during the warm-up and learns the
+    /// one-position move afterwards [default: 0].
     #[arg(long)]
     ar_warmup: Option<f64>,
     /// Save a checkpoint every N steps.
@@ -543,8 +544,8 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
-    if ar_warmup > 0.0 && spec.format != Format::Dream {
-        bail!("--ar-warmup applies to Dream-format models (--preset tiny-dream-tasks)");
+    if ar_warmup > 0.0 && spec.format == Format::Llama {
+        bail!("--ar-warmup applies to diffusion models (tiny-llada-tasks, tiny-dream-tasks)");
     }
     let mut data = llada_train::trainer::TaskData {
         batch: opts.batch,

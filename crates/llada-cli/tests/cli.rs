@@ -164,11 +164,11 @@ fn bad_input_is_a_clear_error() {
             &[
                 "train",
                 "--preset",
-                "tiny-llada-tasks",
+                "tiny-ar-tasks",
                 "--ar-warmup",
                 "0.5",
             ],
-            "Dream-format",
+            "applies to diffusion models",
         ),
         (
             &[

@@ -122,9 +122,10 @@ pub struct TaskData {
     /// Fraction of rows with contiguous (suffix / prefix) masks
     /// ([`crate::objective::diffusion_batch_shaped`]).
     pub structured: f64,
-    /// Dream format: fraction of the run's progress trained autoregressively first
-    /// ([`crate::objective::shifted_next_token_batch`]), as Dream-7B starts from an
-    /// autoregressive model.
+    /// Fraction of the run's progress trained autoregressively first, as Dream-7B starts
+    /// from an autoregressive model: Dream in its shifted layout
+    /// ([`crate::objective::shifted_next_token_batch`]), LLaDA as plain next-token
+    /// prediction ([`crate::objective::next_token_batch`]; since stop 17).
     pub ar_warmup: f64,
 }
 
@@ -226,7 +227,7 @@ impl DataSource for TaskData {
 }
 
 /// Task examples as the batch `spec`'s objective trains on: next-token rows for LLaMA drafts
-/// and, with `ar`, for a Dream model's autoregressive warm-up; masked-diffusion rows (a
+/// and, with `ar`, for a diffusion model's autoregressive warm-up; masked-diffusion rows (a
 /// fraction `structured` with contiguous masks) otherwise.
 fn encode(
     ex: &[Example],
@@ -239,6 +240,10 @@ fn encode(
     Ok(match spec.format {
         Format::Llama => next_token_batch(ex, dev)?,
         Format::Dream if ar => shifted_next_token_batch(ex, dev)?,
+        // LLaDA has no shifted head: its warm-up is plain next-token prediction with causal
+        // attention (output `i` predicts token `i + 1`), so the masked-diffusion phase has to
+        // move each prediction one position right — one attention head's job.
+        Format::LLaDA if ar => next_token_batch(ex, dev)?,
         f => diffusion_batch_shaped(
             ex,
             spec.mask_id,
