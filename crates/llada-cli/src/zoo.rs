@@ -93,6 +93,12 @@ pub struct TrainArgs {
     /// one-position move afterwards [default: 0].
     #[arg(long)]
     ar_warmup: Option<f64>,
+    /// Diffusion task models: EOS-pad each training answer to a multiple of N tokens, the
+    /// generation lengths `llada eval` decodes with (answer + 1 rounded up to 32-token blocks),
+    /// so the model learns long EOS tails instead of meeting them first at decode time
+    /// [default: 0 = pad only to the batch's longest answer].
+    #[arg(long)]
+    pad_answers: Option<usize>,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -496,9 +502,10 @@ pub fn train(a: TrainArgs) -> Result<()> {
             || a.structured_masks.is_some()
             || a.ar_warmup.is_some()
             || a.batch_tokens.is_some()
+            || a.pad_answers.is_some()
         {
             bail!(
-                "--tasks, --structured-masks, --ar-warmup and --batch-tokens apply to the task presets \
+                "--tasks, --structured-masks, --ar-warmup, --batch-tokens and --pad-answers apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -556,6 +563,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         max_scale: a.max_scale,
         structured,
         ar_warmup,
+        pad_answers: a.pad_answers.unwrap_or(0),
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

@@ -161,13 +161,7 @@ fn bad_input_is_a_clear_error() {
             "apply to the task presets",
         ),
         (
-            &[
-                "train",
-                "--preset",
-                "tiny-ar-tasks",
-                "--ar-warmup",
-                "0.5",
-            ],
+            &["train", "--preset", "tiny-ar-tasks", "--ar-warmup", "0.5"],
             "applies to diffusion models",
         ),
         (

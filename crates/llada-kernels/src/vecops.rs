@@ -44,25 +44,60 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// `out[i] = dot(x_i, w)` for the `out.len()` rows `x_i = x[i·k..(i+1)·k]` (`k = w.len()`):
-/// one weight row against a few activation rows, four rows at a time so that each weight load
-/// feeds four FMAs. Same summation order as [`dot`], so each result is bit-identical to it.
-pub fn dot_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
-    let k = w.len();
-    debug_assert_eq!(x.len(), out.len() * k);
+/// `out[f·m + i] = Σ_k w[f·k..][k] · x[i·k..][k]` for the `nf = w.len() / k` weight rows `f`
+/// and the `m = x.len() / k` activation rows `i` (`out` is `nf × m`, feature-major): the
+/// few-row product `x · Wᵀ` of diffusion windows, tree verification and draft steps.
+///
+/// Written by hand because the gemm candle uses packs the whole weight matrix on every call,
+/// which for passes of up to a few dozen rows costs as much as the product (perf, dual-cache
+/// diffusion: 23 % of the run in gemm's packing loops against 20 % in its microkernel). Here
+/// the weights are read in place: register tiles of 4 activation rows × 2 weight rows (8
+/// accumulators, 6 loads per 8 FMAs).
+///
+/// **Batch-invariant**: every output is one 8-lane FMA chain over `k` in steps of 8, reduced
+/// as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`, then the `k % 8` tail added in order, whatever
+/// `m`, `nf` and the output's place in a tile. A row's result therefore does not depend on
+/// which other rows share the pass, so a verification pass of any width reproduces the
+/// one-row decode step bit for bit (lossless speculative decoding relies on it).
+pub fn matmul_rows(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+    if k == 0 {
+        out.iter_mut().for_each(|o| *o = 0.0);
+        return;
+    }
+    let (nf, m) = (w.len() / k, x.len() / k);
+    assert!(
+        w.len() == nf * k && x.len() == m * k && out.len() == nf * m,
+        "matmul_rows: shapes"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         if avx2() {
-            // SAFETY: as in `dot`; `x` holds `out.len()` rows of `k` (checked below).
-            if x.len() == out.len() * k {
-                unsafe { x86::dot_rows(w, x, out) };
-                return;
-            }
+            // SAFETY: AVX2 and FMA are present; the shapes are checked above.
+            unsafe { x86::matmul_rows(w, x, k, out) };
+            return;
         }
     }
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = dot(&x[i * k..(i + 1) * k], w);
+    for f in 0..nf {
+        for i in 0..m {
+            out[f * m + i] = dot8_tree(&w[f * k..(f + 1) * k], &x[i * k..(i + 1) * k]);
+        }
     }
+}
+
+/// The portable form of [`matmul_rows`]'s per-output order (8 lanes, tree reduction, tail).
+fn dot8_tree(a: &[f32], b: &[f32]) -> f32 {
+    let k8 = a.len() / 8 * 8;
+    let mut l = [0f32; 8];
+    for (ca, cb) in a[..k8].chunks_exact(8).zip(b[..k8].chunks_exact(8)) {
+        for u in 0..8 {
+            l[u] = ca[u].mul_add(cb[u], l[u]);
+        }
+    }
+    let mut s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (x, y) in a[k8..].iter().zip(&b[k8..]) {
+        s += x * y;
+    }
+    s
 }
 
 /// Key/value rows of one attention head, read in place from two row-major buffers: the cache's
@@ -221,49 +256,6 @@ mod x86 {
         _mm_cvtss_f32(h)
     }
 
-    /// See [`super::dot_rows`]; each row keeps `dot`'s two accumulators and tail order.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
-        let k = w.len();
-        let pw = w.as_ptr();
-        let m = out.len();
-        let mut r = 0;
-        while r + 4 <= m {
-            let px = [0, 1, 2, 3].map(|u| x.as_ptr().add((r + u) * k));
-            let mut a0 = [_mm256_setzero_ps(); 4];
-            let mut a1 = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 16 <= k {
-                let w0 = _mm256_loadu_ps(pw.add(i));
-                let w1 = _mm256_loadu_ps(pw.add(i + 8));
-                for u in 0..4 {
-                    a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i)), w0, a0[u]);
-                    a1[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i + 8)), w1, a1[u]);
-                }
-                i += 16;
-            }
-            if i + 8 <= k {
-                let w0 = _mm256_loadu_ps(pw.add(i));
-                for u in 0..4 {
-                    a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(px[u].add(i)), w0, a0[u]);
-                }
-                i += 8;
-            }
-            for u in 0..4 {
-                let mut s = hsum(a0[u], a1[u]);
-                for j in i..k {
-                    s += *px[u].add(j) * *pw.add(j);
-                }
-                out[r + u] = s;
-            }
-            r += 4;
-        }
-        while r < m {
-            out[r] = dot(&x[r * k..(r + 1) * k], w);
-            r += 1;
-        }
-    }
-
     /// `scores[t] = dot(q, k_idx[t]) · scale`, with [`dot`]'s summation order (`hd % 8 == 0`).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn scores(
@@ -309,6 +301,135 @@ mod x86 {
                 _mm256_storeu_ps(po.add(c0 + 8 * u), *a);
             }
             c0 += 8 * w;
+        }
+    }
+
+    /// Lanes of `v` summed as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`.
+    #[inline(always)]
+    unsafe fn hsum_tree(v: __m256) -> f32 {
+        let h = _mm256_hadd_ps(v, v);
+        let h = _mm256_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_add_ss(
+            _mm256_castps256_ps128(h),
+            _mm256_extractf128_ps(h, 1),
+        ))
+    }
+
+    /// Eight accumulators reduced at once, each with [`hsum_tree`]'s order: lane `u` of the
+    /// result is the sum of `a[u]`.
+    #[inline(always)]
+    unsafe fn hsum8_tree(a: &[__m256; 8]) -> __m256 {
+        let h01 = _mm256_hadd_ps(a[0], a[1]);
+        let h23 = _mm256_hadd_ps(a[2], a[3]);
+        let h45 = _mm256_hadd_ps(a[4], a[5]);
+        let h67 = _mm256_hadd_ps(a[6], a[7]);
+        let h0 = _mm256_hadd_ps(h01, h23);
+        let h1 = _mm256_hadd_ps(h45, h67);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps(h0, h1, 0x20),
+            _mm256_permute2f128_ps(h0, h1, 0x31),
+        )
+    }
+
+    /// One output with [`super::matmul_rows`]'s order.
+    #[inline(always)]
+    unsafe fn dot_tree(pw: *const f32, px: *const f32, k: usize) -> f32 {
+        let k8 = k / 8 * 8;
+        let mut a = _mm256_setzero_ps();
+        let mut j = 0;
+        while j < k8 {
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(j)), _mm256_loadu_ps(pw.add(j)), a);
+            j += 8;
+        }
+        let mut s = hsum_tree(a);
+        while j < k {
+            s += *pw.add(j) * *px.add(j);
+            j += 1;
+        }
+        s
+    }
+
+    /// See [`super::matmul_rows`].
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn matmul_rows(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+        let (nf, m) = (w.len() / k, x.len() / k);
+        let k8 = k / 8 * 8;
+        let (pw, px, po) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+        // Weight rows in pairs (`nf2`), activation rows in fours; the rest below.
+        let nf2 = nf / 2 * 2;
+        let mut f = 0;
+        while f < nf2 {
+            let w0 = pw.add(f * k);
+            let w1 = pw.add((f + 1) * k);
+            let mut i = 0;
+            while i + 4 <= m {
+                let xr = [0, 1, 2, 3].map(|u| px.add((i + u) * k));
+                // acc[2u + c]: activation row i + u, weight row f + c.
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut j = 0;
+                while j < k8 {
+                    let a = _mm256_loadu_ps(w0.add(j));
+                    let b = _mm256_loadu_ps(w1.add(j));
+                    for u in 0..4 {
+                        let v = _mm256_loadu_ps(xr[u].add(j));
+                        acc[2 * u] = _mm256_fmadd_ps(v, a, acc[2 * u]);
+                        acc[2 * u + 1] = _mm256_fmadd_ps(v, b, acc[2 * u + 1]);
+                    }
+                    j += 8;
+                }
+                let mut s = [0f32; 8];
+                _mm256_storeu_ps(s.as_mut_ptr(), hsum8_tree(&acc));
+                for u in 0..4 {
+                    for c in 0..2 {
+                        let wr = if c == 0 { w0 } else { w1 };
+                        let mut t = s[2 * u + c];
+                        for jj in k8..k {
+                            t += *wr.add(jj) * *xr[u].add(jj);
+                        }
+                        *po.add((f + c) * m + i + u) = t;
+                    }
+                }
+                i += 4;
+            }
+            f += 2;
+        }
+        // The rows left over by the 4-row tiles (all of them for a one-row decode step) and
+        // the odd weight row: one activation row against 8 weight rows (8 independent chains).
+        let i0 = if nf >= 2 { m / 4 * 4 } else { 0 };
+        for i in i0..m {
+            let xi = px.add(i * k);
+            let mut f = 0;
+            while f + 8 <= nf {
+                let wr = [0, 1, 2, 3, 4, 5, 6, 7].map(|c| pw.add((f + c) * k));
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut j = 0;
+                while j < k8 {
+                    let v = _mm256_loadu_ps(xi.add(j));
+                    for c in 0..8 {
+                        acc[c] = _mm256_fmadd_ps(v, _mm256_loadu_ps(wr[c].add(j)), acc[c]);
+                    }
+                    j += 8;
+                }
+                let mut s = [0f32; 8];
+                _mm256_storeu_ps(s.as_mut_ptr(), hsum8_tree(&acc));
+                for c in 0..8 {
+                    let mut t = s[c];
+                    for jj in k8..k {
+                        t += *wr[c].add(jj) * *xi.add(jj);
+                    }
+                    *po.add((f + c) * m + i) = t;
+                }
+                f += 8;
+            }
+            while f < nf {
+                *po.add(f * m + i) = dot_tree(pw.add(f * k), xi, k);
+                f += 1;
+            }
+        }
+        if nf2 < nf {
+            for i in 0..i0 {
+                *po.add(nf2 * m + i) = dot_tree(pw.add(nf2 * k), px.add(i * k), k);
+            }
         }
     }
 
@@ -373,16 +494,51 @@ mod tests {
         }
     }
 
+    /// Every output is close to an f64 reference, and bit-identical whatever the pass's width
+    /// and the output's place in a register tile (rows computed alone vs. in a batch).
     #[test]
-    fn dot_rows_is_dot_per_row() {
-        for k in [1usize, 8, 13, 16, 40, 128, 200] {
-            for m in [0usize, 1, 3, 4, 7, 9] {
-                let w: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+    fn matmul_rows_is_accurate_and_batch_invariant() {
+        for k in [1usize, 7, 8, 13, 32, 128, 131] {
+            for (nf, m) in [
+                (1usize, 1usize),
+                (2, 4),
+                (3, 5),
+                (5, 9),
+                (8, 33),
+                (4, 64),
+                (9, 3),
+                (16, 1),
+                (17, 6),
+            ] {
+                let w: Vec<f32> = (0..nf * k).map(|i| (i as f32 * 0.37).sin()).collect();
                 let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.11).cos()).collect();
-                let mut got = vec![0f32; m];
-                dot_rows(&w, &x, &mut got);
-                let want: Vec<f32> = (0..m).map(|i| dot(&x[i * k..(i + 1) * k], &w)).collect();
-                assert_eq!(got, want, "k {k}, m {m}");
+                let mut got = vec![f32::NAN; nf * m];
+                matmul_rows(&w, &x, k, &mut got);
+                for f in 0..nf {
+                    for i in 0..m {
+                        let r: f64 = (0..k)
+                            .map(|j| w[f * k + j] as f64 * x[i * k + j] as f64)
+                            .sum();
+                        let g = got[f * m + i];
+                        assert!(
+                            (g as f64 - r).abs() < 1e-4 * (1.0 + r.abs()),
+                            "k {k} f {f} i {i}"
+                        );
+                        // Alone: one weight row, one activation row.
+                        let mut one = [0f32];
+                        matmul_rows(&w[f * k..(f + 1) * k], &x[i * k..(i + 1) * k], k, &mut one);
+                        assert_eq!(
+                            one[0].to_bits(),
+                            g.to_bits(),
+                            "k {k} nf {nf} m {m} f {f} i {i}"
+                        );
+                        assert_eq!(
+                            dot8_tree(&w[f * k..(f + 1) * k], &x[i * k..(i + 1) * k]).to_bits(),
+                            g.to_bits(),
+                            "portable order, k {k} f {f} i {i}"
+                        );
+                    }
+                }
             }
         }
     }

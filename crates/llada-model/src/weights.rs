@@ -144,18 +144,18 @@ impl Linear {
 }
 
 /// Batches of at most this many rows skip candle's gemm for dense weights (see
-/// [`dense_few_rows`]).
-pub const SMALL_M: usize = 16;
+/// [`dense_few_rows`]; the crossover measured by `cargo run --release -p llada-model --example
+/// few_rows`).
+pub const SMALL_M: usize = 64;
 
-/// `y = x · Wᵀ` for a few rows, as dot products over `W`'s contiguous rows, in parallel over
-/// chunks of output features.
+/// `y = x · Wᵀ` for a few rows with [`llada_kernels::vecops::matmul_rows`] (weights read in
+/// place, register-tiled, batch-invariant), in parallel over chunks of output features.
 ///
 /// Written by hand because candle's gemm packs the whole (transposed) weight matrix on every
-/// call: for the one-to-sixteen-row passes of diffusion windows, revision probes and drafts,
-/// that packing costs as much as the product itself (measured: an 8-row forward of
-/// `tiny-llada-tasks` spent most of its time in gemm's packing). `None` when `w` is not a
-/// contiguous CPU f32 tensor (the caller then uses the gemm).
-fn dense_few_rows(
+/// call: for the few-row passes of diffusion windows, revision probes and drafts, that packing
+/// costs as much as the product itself. `None` when `w` is not a contiguous CPU f32 tensor (the
+/// caller then uses the gemm).
+pub fn dense_few_rows(
     w: &Tensor,
     x: &[f32],
     m: usize,
@@ -174,24 +174,25 @@ fn dense_few_rows(
         return Ok(None);
     };
     let data = &all[a..b];
-    if data.len() != n * k || x.len() != m * k {
+    if data.len() != n * k || x.len() != m * k || k == 0 {
         return Ok(None);
     }
-    // Output features per task: enough work per task to amortise the scheduling.
-    let chunk = (4096 / k.max(1)).clamp(8, 256);
+    // Output features per task: enough work per task to amortise the scheduling (even, so
+    // that the 2-feature register tiles stay whole).
+    let chunk = ((4096 / k.max(1)).clamp(8, 256) / 2) * 2;
     let mut yt = vec![0f32; n * m];
-    yt.par_chunks_mut(chunk * m)
-        .enumerate()
-        .for_each(|(c, out)| {
-            for (o, row) in out.chunks_exact_mut(m).enumerate() {
-                let f = c * chunk + o;
-                llada_kernels::vecops::dot_rows(&data[f * k..(f + 1) * k], x, row);
-            }
-        });
+    if m * n * k < 1 << 16 {
+        // A few microseconds of work: less than handing it to another thread.
+        llada_kernels::vecops::matmul_rows(data, x, k, &mut yt);
+    } else {
+        yt.par_chunks_mut(chunk * m)
+            .zip(data.par_chunks(chunk * k))
+            .for_each(|(out, wc)| llada_kernels::vecops::matmul_rows(wc, x, k, out));
+    }
     let mut y = vec![0f32; m * n];
-    for f in 0..n {
-        for i in 0..m {
-            y[i * n + f] = yt[f * m + i];
+    for (f, col) in yt.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            y[i * n + f] = *v;
         }
     }
     Ok(Some(y))

@@ -211,3 +211,58 @@ fn overwritten_slot_is_read_from_the_batch() {
     };
     assert!(m.forward(&req, &mut cache).is_err());
 }
+
+/// Dense passes are batch-invariant: the logits of the last token are bit-identical whether
+/// the sequence is forwarded in one causal pass or as a prefix followed by one-token decode
+/// steps against the cache. Lossless speculative decoding relies on it (a verification pass
+/// of a whole tree must reproduce the target-only decode step exactly); the few-row matmul
+/// (`vecops::matmul_rows`) and the attention kernels keep one summation order per output.
+#[test]
+fn dense_passes_are_batch_invariant() {
+    let exp = expected();
+    let opts = LoadOptions {
+        no_tokenizer: true,
+        ..Default::default()
+    };
+    let mut checked = 0;
+    for (name, ck) in exp["checkpoints"].as_object().unwrap() {
+        let (Some(h), None) = (ck["hf_dir"].as_str(), ck.get("note")) else {
+            continue;
+        };
+        let m = Model::load(&fixtures().join(h), &opts).unwrap();
+        let tokens = u32s(&ck["tokens"]);
+        let positions = u32s(&ck["positions"]);
+        let n = tokens.len();
+        let last =
+            |out: &llada_model::ForwardOutput| out.logits[out.logits.len() - out.vocab..].to_vec();
+        let mut cache = m.new_cache();
+        let whole = m
+            .forward(
+                &ForwardRequest::causal_append(&tokens, &positions),
+                &mut cache,
+            )
+            .unwrap();
+        let mut cache = m.new_cache();
+        let p = n / 2;
+        let mut out = m
+            .forward(
+                &ForwardRequest::causal_append(&tokens[..p], &positions[..p]),
+                &mut cache,
+            )
+            .unwrap();
+        for i in p..n {
+            out = m
+                .forward(
+                    &ForwardRequest::causal_append(&tokens[i..=i], &positions[i..=i]),
+                    &mut cache,
+                )
+                .unwrap();
+        }
+        let (a, b) = (last(&whole), last(&out));
+        assert!(!a.is_empty());
+        let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name}: one pass of {n} rows vs decode steps differ");
+        checked += 1;
+    }
+    assert!(checked >= 2, "no dense checkpoint in the fixtures");
+}

@@ -32,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         max_scale: 0.25,
         structured: 0.5,
         ar_warmup: 0.0,
+        pad_answers: 0,
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let b = d.batch(100, 0.5, &spec, false, &mut rng, &candle_core::Device::Cpu)?;

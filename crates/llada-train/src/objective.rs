@@ -26,13 +26,32 @@ pub struct Batch {
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
 /// rows and the index where each answer starts.
 pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
+    layout_padded(examples, min_pad, 0)
+}
+
+/// [`layout`] where every answer region (answer + EOS padding) is at least `answer + min_pad`
+/// rounded up to a multiple of `pad_to` (0: no rounding) — the generation lengths `llada eval`
+/// decodes with (`(answer + 1)` rounded up to whole 32-token blocks), so that a model meets the
+/// long EOS tails of decoding in training too.
+pub fn layout_padded(
+    examples: &[Example],
+    min_pad: usize,
+    pad_to: usize,
+) -> (Vec<Vec<u32>>, Vec<usize>) {
     let enc: Vec<(Vec<u32>, Vec<u32>)> = examples
         .iter()
         .map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer)))
         .collect();
+    let region = |a: usize| {
+        if pad_to > 0 {
+            (a + min_pad).next_multiple_of(pad_to)
+        } else {
+            a + min_pad
+        }
+    };
     let t = enc
         .iter()
-        .map(|(p, a)| 1 + p.len() + a.len() + min_pad)
+        .map(|(p, a)| 1 + p.len() + region(a.len()))
         .max()
         .unwrap_or(8)
         .next_multiple_of(8);
@@ -79,7 +98,24 @@ pub fn diffusion_batch_shaped(
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts) = layout(examples, 1);
+    diffusion_batch_padded(examples, mask_id, eps, shift, structured, 0, rng, dev)
+}
+
+/// [`diffusion_batch_shaped`] over [`layout_padded`] rows: answer regions rounded up to
+/// multiples of `pad_to` with EOS, which are masked and weighted like answer tokens (LLaDA's
+/// SFT trains its EOS padding the same way).
+#[allow(clippy::too_many_arguments)]
+pub fn diffusion_batch_padded(
+    examples: &[Example],
+    mask_id: u32,
+    eps: f64,
+    shift: bool,
+    structured: f64,
+    pad_to: usize,
+    rng: &mut impl Rng,
+    dev: &Device,
+) -> Result<Batch> {
+    let (rows, starts) = layout_padded(examples, 1, pad_to);
     let (b, t) = (rows.len(), rows[0].len());
     let mut ids = Vec::with_capacity(b * t);
     let mut tg = Vec::with_capacity(b * t);
@@ -280,6 +316,36 @@ mod tests {
             let m: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 2).collect();
             m.len() > 1 && m[m.len() - 1] - m[0] + 1 > m.len()
         }));
+    }
+
+    #[test]
+    fn padded_layout_reaches_the_decode_length() {
+        let mut g = TaskGen::new(9, false);
+        for task in ["add", "rev", "sort"] {
+            let ex: Vec<Example> = (0..6).map(|_| g.next(Some(task))).collect();
+            let (rows, starts) = layout_padded(&ex, 1, 32);
+            for ((row, &s), e) in rows.iter().zip(&starts).zip(&ex) {
+                let a = e.answer.chars().count();
+                // The region eval decodes, (answer + 1) rounded up to 32, fits in the row, and
+                // everything after the answer is EOS.
+                assert!(row.len() - s >= (a + 1).next_multiple_of(32), "{task}");
+                assert!(row[s + a..].iter().all(|&t| t == EOS), "{task}");
+            }
+            let (plain, _) = layout(&ex, 1);
+            assert!(plain[0].len() <= rows[0].len());
+            let b = diffusion_batch_padded(
+                &ex,
+                2,
+                0.05,
+                false,
+                0.0,
+                32,
+                &mut rand::rngs::StdRng::seed_from_u64(1),
+                &Device::Cpu,
+            )
+            .unwrap();
+            assert_eq!(b.ids.dims2().unwrap(), (6, rows[0].len()));
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::model::{Format, ModelSpec, TrainModel};
 use crate::objective::{
-    diffusion_batch_shaped, next_token_batch, shifted_next_token_batch, weighted_ce,
+    diffusion_batch_padded, next_token_batch, shifted_next_token_batch, weighted_ce,
 };
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
@@ -127,6 +127,10 @@ pub struct TaskData {
     /// ([`crate::objective::shifted_next_token_batch`]), LLaDA as plain next-token
     /// prediction ([`crate::objective::next_token_batch`]; since stop 17).
     pub ar_warmup: f64,
+    /// Diffusion rows: EOS-pad answers to multiples of this many tokens (0: off), the lengths
+    /// `llada eval` decodes ([`crate::objective::layout_padded`]). Held-out batches keep the
+    /// unpadded layout.
+    pub pad_answers: usize,
 }
 
 impl DataSource for TaskData {
@@ -165,18 +169,22 @@ impl DataSource for TaskData {
             Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
         };
         let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
+        let ar = !heldout && progress < self.ar_warmup;
+        let pad = if heldout || ar { 0 } else { self.pad_answers };
         if !heldout && self.batch_tokens > 0 {
-            // + BOS and EOS.
+            // + BOS; the answer with its EOS padding (at least one).
             let row = ex
                 .iter()
-                .map(|e| e.prompt.len() + e.answer.len() + 2)
+                .map(|e| {
+                    let a = e.answer.len() + 1;
+                    e.prompt.len() + 1 + if pad > 0 { a.next_multiple_of(pad) } else { a }
+                })
                 .max()
                 .unwrap_or(1);
             ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
         }
-        let ar = !heldout && progress < self.ar_warmup;
         let structured = if heldout { 0.0 } else { self.structured };
-        encode(&ex, spec, ar, structured, rng, dev)
+        encode(&ex, spec, ar, structured, pad, rng, dev)
     }
     /// One batch per task and length quarter (`batch / 4` held-out rows each, at least 1),
     /// each with independent masks. Since stop 16; before, one batch mixed every task and
@@ -202,7 +210,7 @@ impl DataSource for TaskData {
             let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
-                out.push(encode(band, spec, false, 0.0, rng, dev)?);
+                out.push(encode(band, spec, false, 0.0, 0, rng, dev)?);
             }
         }
         Ok(out)
@@ -234,6 +242,7 @@ fn encode(
     spec: &ModelSpec,
     ar: bool,
     structured: f64,
+    pad_to: usize,
     rng: &mut rand::rngs::StdRng,
     dev: &Device,
 ) -> Result<crate::objective::Batch> {
@@ -244,12 +253,13 @@ fn encode(
         // attention (output `i` predicts token `i + 1`), so the masked-diffusion phase has to
         // move each prediction one position right — one attention head's job.
         Format::LLaDA if ar => next_token_batch(ex, dev)?,
-        f => diffusion_batch_shaped(
+        f => diffusion_batch_padded(
             ex,
             spec.mask_id,
             MASK_EPS,
             f == Format::Dream,
             structured,
+            pad_to,
             rng,
             dev,
         )?,
@@ -435,6 +445,7 @@ pub fn train_tasks(
         max_scale: 1.0,
         structured: 0.0,
         ar_warmup: 0.0,
+        pad_answers: 0,
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }

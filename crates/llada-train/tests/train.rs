@@ -106,6 +106,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 max_scale: 1.0,
                 structured: 0.5,
                 ar_warmup: 0.0,
+                pad_answers: 0,
             },
             &dir,
         )
@@ -506,6 +507,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         max_scale: 0.1,
         structured: 0.0,
         ar_warmup: 0.0,
+        pad_answers: 0,
     };
     let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
         let t = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
@@ -590,6 +592,7 @@ fn token_budget_trims_long_batches_only() {
         max_scale: 1.0,
         structured: 0.0,
         ar_warmup: 0.0,
+        pad_answers: 0,
     };
     for step in 0..6 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(step);
