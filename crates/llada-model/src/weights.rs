@@ -1,9 +1,10 @@
 //! Weight containers: linear layers, norms, the embedding table.
 //!
 //! A [`Linear`] is either quantized (our batched kernel, [`llada_kernels::QMatrix`]) or dense f32
-//! (a candle tensor, whose gemm is good for dense f32 at every M). Dense F16/BF16/Q6_K inputs are
-//! converted at load (candle's bf16 matmul is unusable on CPUs); `LoadOptions::quantize` can
-//! instead requantize them to Q8_0/Q4_0/Q4_1/Q4_K for speed.
+//! (a candle tensor: its gemm for wide passes, [`dense_few_rows`] for passes of at most
+//! [`SMALL_M`] rows). Dense F16/BF16/Q6_K inputs are converted at load (candle's bf16 matmul
+//! is unusable on CPUs); `LoadOptions::quantize` can instead requantize them to
+//! Q8_0/Q4_0/Q4_1/Q4_K for speed.
 
 use crate::ModelError;
 use candle_core::{Device, Tensor};
