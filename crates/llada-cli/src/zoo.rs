@@ -551,8 +551,11 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
-    if ar_warmup > 0.0 && spec.format == Format::Llama {
-        bail!("--ar-warmup applies to diffusion models (tiny-llada-tasks, tiny-dream-tasks)");
+    if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0)) && spec.format == Format::Llama {
+        bail!(
+            "--ar-warmup and --pad-answers apply to diffusion models (tiny-llada-tasks, \
+             tiny-dream-tasks)"
+        );
     }
     let mut data = llada_train::trainer::TaskData {
         batch: opts.batch,

@@ -162,7 +162,11 @@ fn bad_input_is_a_clear_error() {
         ),
         (
             &["train", "--preset", "tiny-ar-tasks", "--ar-warmup", "0.5"],
-            "applies to diffusion models",
+            "apply to diffusion models",
+        ),
+        (
+            &["train", "--preset", "tiny-ar-tasks", "--pad-answers", "32"],
+            "apply to diffusion models",
         ),
         (
             &[
