@@ -341,10 +341,15 @@ mod x86 {
             a = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(j)), _mm256_loadu_ps(pw.add(j)), a);
             j += 8;
         }
-        let mut s = hsum_tree(a);
-        while j < k {
+        add_tail(hsum_tree(a), pw, px, k8, k)
+    }
+
+    /// `s` plus the products of `k8..k` (the part of `k` past the last full 8 lanes), in order:
+    /// the last step of every output of [`super::matmul_rows`].
+    #[inline(always)]
+    unsafe fn add_tail(mut s: f32, pw: *const f32, px: *const f32, k8: usize, k: usize) -> f32 {
+        for j in k8..k {
             s += *pw.add(j) * *px.add(j);
-            j += 1;
         }
         s
     }
@@ -380,13 +385,8 @@ mod x86 {
                 let mut s = [0f32; 8];
                 _mm256_storeu_ps(s.as_mut_ptr(), hsum8_tree(&acc));
                 for u in 0..4 {
-                    for c in 0..2 {
-                        let wr = if c == 0 { w0 } else { w1 };
-                        let mut t = s[2 * u + c];
-                        for jj in k8..k {
-                            t += *wr.add(jj) * *xr[u].add(jj);
-                        }
-                        *po.add((f + c) * m + i + u) = t;
+                    for (c, wr) in [w0, w1].into_iter().enumerate() {
+                        *po.add((f + c) * m + i + u) = add_tail(s[2 * u + c], wr, xr[u], k8, k);
                     }
                 }
                 i += 4;
@@ -413,11 +413,7 @@ mod x86 {
                 let mut s = [0f32; 8];
                 _mm256_storeu_ps(s.as_mut_ptr(), hsum8_tree(&acc));
                 for c in 0..8 {
-                    let mut t = s[c];
-                    for jj in k8..k {
-                        t += *wr[c].add(jj) * *xi.add(jj);
-                    }
-                    *po.add((f + c) * m + i) = t;
+                    *po.add((f + c) * m + i) = add_tail(s[c], wr[c], xi, k8, k);
                 }
                 f += 8;
             }

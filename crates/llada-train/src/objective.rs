@@ -29,6 +29,16 @@ pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize
     layout_padded(examples, min_pad, 0)
 }
 
+/// Tokens an answer of `answer` tokens occupies in a [`layout_padded`] row: itself and at least
+/// `min_pad` EOS, rounded up to a multiple of `pad_to` (0: no rounding).
+pub fn answer_region(answer: usize, min_pad: usize, pad_to: usize) -> usize {
+    if pad_to > 0 {
+        (answer + min_pad).next_multiple_of(pad_to)
+    } else {
+        answer + min_pad
+    }
+}
+
 /// [`layout`] where every answer region (answer + EOS padding) is at least `answer + min_pad`
 /// rounded up to a multiple of `pad_to` (0: no rounding) — the generation lengths `llada eval`
 /// decodes with (`(answer + 1)` rounded up to whole 32-token blocks), so that a model meets the
@@ -42,16 +52,9 @@ pub fn layout_padded(
         .iter()
         .map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer)))
         .collect();
-    let region = |a: usize| {
-        if pad_to > 0 {
-            (a + min_pad).next_multiple_of(pad_to)
-        } else {
-            a + min_pad
-        }
-    };
     let t = enc
         .iter()
-        .map(|(p, a)| 1 + p.len() + region(a.len()))
+        .map(|(p, a)| 1 + p.len() + answer_region(a.len(), min_pad, pad_to))
         .max()
         .unwrap_or(8)
         .next_multiple_of(8);

@@ -3,7 +3,7 @@
 
 use crate::model::{Format, ModelSpec, TrainModel};
 use crate::objective::{
-    diffusion_batch_padded, next_token_batch, shifted_next_token_batch, weighted_ce,
+    answer_region, diffusion_batch_padded, next_token_batch, shifted_next_token_batch, weighted_ce,
 };
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
@@ -175,10 +175,7 @@ impl DataSource for TaskData {
             // + BOS; the answer with its EOS padding (at least one).
             let row = ex
                 .iter()
-                .map(|e| {
-                    let a = e.answer.len() + 1;
-                    e.prompt.len() + 1 + if pad > 0 { a.next_multiple_of(pad) } else { a }
-                })
+                .map(|e| e.prompt.len() + 1 + answer_region(e.answer.len(), 1, pad))
                 .max()
                 .unwrap_or(1);
             ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
