@@ -51,6 +51,10 @@ pub struct DiffusionBenchArgs {
     window: usize,
     #[arg(long, default_value_t = 8)]
     lookahead: usize,
+    /// Revision: a commit at this confidence or more becomes stable without a probe (`off`:
+    /// every commit is probed).
+    #[arg(long, default_value = "0.99", value_parser = crate::zoo::parse_stable_on_commit)]
+    stable_on_commit: crate::zoo::StableOnCommit,
     /// Strategies to run (default: all): vanilla, prefix, dual+threshold, multi-block, full,
     /// full-one-lane (full with the sparse pass after the dense one, on all threads),
     /// revision-only.
@@ -73,6 +77,11 @@ pub struct DiffusionBenchArgs {
     out_dir: PathBuf,
     #[arg(long)]
     threads: Option<usize>,
+    /// Passes over the prompts. Within a pass the strategies take turns on each prompt, so the
+    /// machine's slow stretches hit every strategy alike; latencies are medians over passes and
+    /// speed-ups the median of the per-pass ratios.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
     /// Print the JSON report on stdout.
     #[arg(long)]
     json: bool,
@@ -115,13 +124,17 @@ fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionC
             c.multi_block = Some(mb);
             c.revision = Some(Revision {
                 concurrent: name == "full",
+                stable_on_commit: a.stable_on_commit.0,
                 ..Revision::default()
             });
         }
         "revision-only" => {
             c.cache = CacheMode::Dual;
             c.threshold = Some(a.threshold);
-            c.revision = Some(Revision::default());
+            c.revision = Some(Revision {
+                stable_on_commit: a.stable_on_commit.0,
+                ..Revision::default()
+            });
         }
         other => bail!("unknown strategy '{other}' ({})", STRATEGIES.join(", ")),
     }
@@ -136,8 +149,10 @@ pub struct Run {
     pub model: String,
     pub gen_length: usize,
     pub samples: usize,
-    /// Mean end-to-end latency per sample.
+    /// End-to-end latency per sample: the median over passes of the per-pass mean.
     pub latency_s: f64,
+    /// Mean latency per sample in each interleaved pass (`--repeats`).
+    pub latency_passes_s: Vec<f64>,
     pub tokens_per_s: f64,
     /// Mean dense forward passes per sample.
     pub forwards: f64,
@@ -199,50 +214,125 @@ const PROSE_PROMPTS: [&str; 4] = [
     "Blessed are they that mourn: for they shall be comforted. Blessed are",
 ];
 
-fn run_one(
+/// What one strategy accumulates over the interleaved passes of a model's prompts.
+struct Tally {
+    name: String,
+    cfg: DiffusionConfig,
+    lanes: Lanes,
+    /// Summed latency of each pass over the prompts.
+    pass_s: Vec<f64>,
+    fw: usize,
+    pad: usize,
+    rev: usize,
+    srows: usize,
+    sparse_s: f64,
+    overlap_s: f64,
+    score: Score,
+}
+
+/// Every strategy on every prompt, `repeats` times, interleaved: within a pass each prompt is
+/// decoded by each strategy in turn, so a slow stretch of this noisy machine hits all of them
+/// alike. Counts and accuracy come from the first pass (decoding is deterministic); latency is
+/// the median over passes of the per-pass mean.
+fn run_interleaved(
     model: &Model,
-    name: &str,
+    strategies: &[(String, DiffusionConfig)],
     prompts: &[Prompt],
-    cfg: &DiffusionConfig,
+    repeats: usize,
     threads: usize,
     model_name: &str,
-) -> Result<Run> {
-    let lanes = Lanes::new(threads, cfg)?;
-    let (mut lat, mut fw, mut pad, mut rev, mut srows) = (0.0, 0usize, 0, 0, 0);
-    let mut score = Score::default();
-    let (mut sparse_s, mut overlap_s) = (0.0, 0.0);
-    for (p, want) in prompts {
-        let t = Instant::now();
-        let out = lanes.generate(model, p, cfg, None)?;
-        lat += t.elapsed().as_secs_f64();
-        fw += out.forward_passes;
-        pad += out.padded_rows;
-        rev += out.revised;
-        srows += out.sparse_rows;
-        sparse_s += out.sparse_s;
-        overlap_s += out.overlap_s;
-        if let Some(w) = want {
-            score.add(w, &CharVocab::decode(&out.tokens));
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<Run>> {
+    let mut tallies = strategies
+        .iter()
+        .map(|(name, cfg)| {
+            Ok(Tally {
+                name: name.clone(),
+                cfg: cfg.clone(),
+                lanes: Lanes::new(threads, cfg)?,
+                pass_s: vec![],
+                fw: 0,
+                pad: 0,
+                rev: 0,
+                srows: 0,
+                sparse_s: 0.0,
+                overlap_s: 0.0,
+                score: Score::default(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for rep in 0..repeats.max(1) {
+        tallies.iter_mut().for_each(|t| t.pass_s.push(0.0));
+        for (p, want) in prompts {
+            for t in tallies.iter_mut() {
+                pb.set_message(format!("{model_name}: pass {} · {}", rep + 1, t.name));
+                let clock = Instant::now();
+                let out = t.lanes.generate(model, p, &t.cfg, None)?;
+                *t.pass_s.last_mut().unwrap_or(&mut 0.0) += clock.elapsed().as_secs_f64();
+                if rep == 0 {
+                    t.fw += out.forward_passes;
+                    t.pad += out.padded_rows;
+                    t.rev += out.revised;
+                    t.srows += out.sparse_rows;
+                    t.sparse_s += out.sparse_s;
+                    t.overlap_s += out.overlap_s;
+                    if let Some(w) = want {
+                        t.score.add(w, &CharVocab::decode(&out.tokens));
+                    }
+                }
+            }
+            pb.inc(1);
         }
     }
     let n = prompts.len().max(1) as f64;
-    let gen = cfg.gen_length as f64;
-    Ok(Run {
-        strategy: name.to_string(),
-        model: model_name.to_string(),
-        gen_length: cfg.gen_length,
-        samples: prompts.len(),
-        latency_s: lat / n,
-        tokens_per_s: gen * n / lat.max(1e-12),
-        forwards: fw as f64 / n,
-        tokens_per_forward: gen * n / (fw.max(1) as f64),
-        padded_rows: pad,
-        revised: rev,
-        sparse_rows: srows,
-        lane_overlap: (sparse_s > 0.0).then(|| overlap_s / sparse_s),
-        accuracy: score.exact_rate(),
-        char_accuracy: score.char_rate(),
-    })
+    Ok(tallies
+        .into_iter()
+        .map(|t| {
+            let per_pass: Vec<f64> = t.pass_s.iter().map(|s| s / n).collect();
+            let lat = median(&per_pass);
+            let gen = t.cfg.gen_length as f64;
+            Run {
+                strategy: t.name,
+                model: model_name.to_string(),
+                gen_length: t.cfg.gen_length,
+                samples: prompts.len(),
+                latency_s: lat,
+                latency_passes_s: per_pass,
+                tokens_per_s: gen / lat.max(1e-12),
+                forwards: t.fw as f64 / n,
+                tokens_per_forward: gen * n / (t.fw.max(1) as f64),
+                padded_rows: t.pad,
+                revised: t.rev,
+                sparse_rows: t.srows,
+                lane_overlap: (t.sparse_s > 0.0).then(|| t.overlap_s / t.sparse_s),
+                accuracy: t.score.exact_rate(),
+                char_accuracy: t.score.char_rate(),
+            }
+        })
+        .collect())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        k if k % 2 == 1 => s[k / 2],
+        k => 0.5 * (s[k / 2 - 1] + s[k / 2]),
+    }
+}
+
+/// Speed-up of `fast` over `base`: the median over passes of the per-pass latency ratio (both
+/// strategies decoded the same prompts, interleaved, in each pass).
+fn paired_speedup(base: &Run, fast: &Run) -> Option<f64> {
+    let r: Vec<f64> = base
+        .latency_passes_s
+        .iter()
+        .zip(&fast.latency_passes_s)
+        .filter(|(_, f)| **f > 0.0)
+        .map(|(b, f)| b / f)
+        .collect();
+    (!r.is_empty()).then(|| median(&r))
 }
 
 /// Time of one forward pass of `w` window rows over a cached prefix of `prefix` rows.
@@ -386,11 +476,11 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         .with_context(|| format!("creating {}", a.out_dir.display()))?;
     let mut runs: Vec<Run> = vec![];
     let mut sweep: Vec<SweepPoint> = vec![];
-    let total = a.models.len() * names.len();
+    let mut total = 0;
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new(total as u64)
+        indicatif::ProgressBar::new(0)
     };
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
@@ -436,12 +526,21 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
             }
             (a.prose_gen_length, ps)
         };
-        for name in &names {
-            pb.set_message(format!("{mname}: {name}"));
-            let cfg = strategy(name, &a, gen)?;
-            runs.push(run_one(&model, name, &prompts, &cfg, threads, &mname)?);
-            pb.inc(1);
-        }
+        let strategies = names
+            .iter()
+            .map(|name| Ok((name.clone(), strategy(name, &a, gen)?)))
+            .collect::<Result<Vec<_>>>()?;
+        total += a.repeats as usize * prompts.len();
+        pb.set_length(total as u64);
+        runs.extend(run_interleaved(
+            &model,
+            &strategies,
+            &prompts,
+            a.repeats as usize,
+            threads,
+            &mname,
+            &pb,
+        )?);
         if !a.no_sweep {
             pb.set_message(format!("{mname}: window sweep"));
             sweep.extend(sweep_model(
@@ -487,7 +586,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
             .find(|r| Some(&r.model) == primary.as_ref() && r.strategy == s)
     };
     let ratio = |base: &str| match (get(base), get("full")) {
-        (Some(b), Some(f)) => Some(b.latency_s / f.latency_s),
+        (Some(b), Some(f)) => paired_speedup(b, f),
         _ => None,
     };
     let delta_of = |acc: fn(&Run) -> Option<f64>| match (get("full"), get("vanilla")) {
@@ -508,10 +607,11 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         "summary_model": primary,
         "window_sweep": sweep,
         "threads": threads,
+        "repeats": a.repeats,
     });
 
     // Markdown, CSV, plot.
-    let mut md = String::from("| model | strategy | gen | latency s | tok/s | forwards | tok/forward | padded rows | revised | lane overlap | accuracy | chars in place |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| model | strategy | gen | latency s (passes: min–max) | tok/s | forwards | tok/forward | padded rows | revised | lane overlap | accuracy | chars in place |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from("model,strategy,gen_length,samples,latency_s,tokens_per_s,forwards,tokens_per_forward,padded_rows,revised,sparse_rows,lane_overlap,accuracy,char_accuracy\n");
     let opt = |v: Option<f64>, pct: bool| match v {
         Some(x) if pct => format!("{:.1}%", 100.0 * x),
@@ -520,11 +620,13 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
     };
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.3} ({:.3}–{:.3}) | {:.1} | {:.1} | {:.2} | {} | {} | {} | {} | {} |\n",
             r.model,
             r.strategy,
             r.gen_length,
             r.latency_s,
+            r.latency_passes_s.iter().copied().fold(f64::INFINITY, f64::min),
+            r.latency_passes_s.iter().copied().fold(0.0, f64::max),
             r.tokens_per_s,
             r.forwards,
             r.tokens_per_forward,
@@ -554,10 +656,11 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
     }
     let fmt_ratio = |v: Option<f64>| v.map_or("–".into(), |x| format!("{x:.2}x"));
     md.push_str(&format!(
-        "\nfull strategy on {}: {} faster than prefix cache, {} faster than vanilla, accuracy {} pts vs vanilla (chars in place {} pts)\n",
+        "\nfull strategy on {}: {} faster than prefix cache, {} faster than vanilla (medians of {} interleaved passes' ratios), accuracy {} pts vs vanilla (chars in place {} pts)\n",
         primary.as_deref().unwrap_or("–"),
         fmt_ratio(ratio("prefix")),
         fmt_ratio(ratio("vanilla")),
+        a.repeats,
         delta.map_or("–".into(), |d| format!("{d:+.1}")),
         char_delta.map_or("–".into(), |d| format!("{d:+.1}"))
     ));

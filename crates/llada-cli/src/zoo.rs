@@ -603,6 +603,10 @@ pub struct DiffusionArgs {
     /// Revision: probes after which a token becomes stable regardless.
     #[arg(long, default_value_t = 3)]
     pub max_probes: u8,
+    /// Revision: a token committed with at least this confidence becomes stable without a
+    /// probe; `off` probes every commit.
+    #[arg(long, default_value = "0.99", value_parser = parse_stable_on_commit)]
+    pub stable_on_commit: StableOnCommit,
     /// Revision: run the sparse lane after the dense lane instead of concurrently (same
     /// result; a deterministic schedule).
     #[arg(long)]
@@ -630,6 +634,22 @@ pub struct DiffusionArgs {
     /// Commit schedule: uniform (LLaDA) or timesteps (Dream; one block over the whole answer).
     #[arg(long, default_value = "uniform", value_parser = ["uniform", "timesteps"])]
     pub schedule: String,
+}
+
+/// `--stable-on-commit`: a confidence, or `off` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct StableOnCommit(pub Option<f32>);
+
+pub fn parse_stable_on_commit(s: &str) -> Result<StableOnCommit, String> {
+    if s == "off" {
+        return Ok(StableOnCommit(None));
+    }
+    match s.parse::<f32>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(StableOnCommit(Some(v))),
+        _ => Err(format!(
+            "expected a confidence in (0, 1] or `off`, got '{s}'"
+        )),
+    }
 }
 
 impl DiffusionArgs {
@@ -679,6 +699,7 @@ impl DiffusionArgs {
                 revise_threshold: self.revise_threshold,
                 stable_threshold: self.stable_threshold,
                 max_probes: self.max_probes,
+                stable_on_commit: self.stable_on_commit.0,
                 concurrent: !self.sequential_revision,
                 ..Revision::default()
             }),

@@ -326,6 +326,8 @@ fn bench_diffusion_reports_its_fields() {
         "vanilla,prefix,full",
         "--sweep",
         "8,16",
+        "--repeats",
+        "2",
         "--out-dir",
         out_dir.to_str().unwrap(),
         "--json",
@@ -349,6 +351,12 @@ fn bench_diffusion_reports_its_fields() {
         }
     }
     assert_eq!(runs[0]["forwards"], 128.0);
+    for r in runs {
+        let passes = r["latency_passes_s"].as_array().unwrap();
+        assert_eq!(passes.len(), 2, "one latency per interleaved pass");
+        assert!(passes.iter().all(|v| v.as_f64().unwrap() > 0.0));
+    }
+    assert_eq!(j["repeats"], 2);
     assert!(j["speedup_vs_prefix_cache"].as_f64().unwrap() > 0.0);
     assert!(j["speedup_vs_vanilla"].as_f64().unwrap() > 0.0);
     assert!(!j["accuracy_delta_pts"].is_null());

@@ -160,7 +160,11 @@ impl DiffusionConfig {
         }
         if let Some(r) = &self.revision {
             let ok = |t: f32| t > 0.0 && t <= 1.0;
-            if !ok(r.revise_threshold) || !ok(r.stable_threshold) || r.max_probes == 0 {
+            if !ok(r.revise_threshold)
+                || !ok(r.stable_threshold)
+                || !r.stable_on_commit.is_none_or(ok)
+                || r.max_probes == 0
+            {
                 return Err("revision thresholds must be in (0, 1] and max_probes ≥ 1".into());
             }
         }
@@ -368,6 +372,8 @@ pub fn generate_with(
     let mut spec = vec![false; gen];
     let mut probes = vec![0u8; gen];
     let mut revised = vec![false; gen];
+    // Committed at `Revision::stable_on_commit` confidence or more (not worth a probe).
+    let mut sure = vec![false; gen];
     let spec_threshold = cfg.threshold.unwrap_or(0.9);
     let (mut last_block, mut step, mut plan) = (None, 0usize, Vec::new());
     while let Some(win) = window::plan(&states, &dirty, bl, cfg.multi_block.as_ref()) {
@@ -522,6 +528,7 @@ pub fn generate_with(
                     Verdict::Revise(y) => {
                         x[i] = y;
                         revised[a] = true;
+                        sure[a] = false;
                         out.revised += 1;
                     }
                     Verdict::Keep => {}
@@ -566,18 +573,25 @@ pub fn generate_with(
                 .filter(|c| c.0 >= spec_threshold)
                 .map(|c| (c, true)),
         );
-        for (&(_, i, tok), speculative) in commits {
+        for (&(cf, i, tok), speculative) in commits {
             x[i] = tok;
+            sure[i - p] = cfg
+                .revision
+                .and_then(|r| r.stable_on_commit)
+                .is_some_and(|t| cf >= t);
             states[i - p] = TokenState::Visible;
             dirty[i - p] = true;
             spec[i - p] = speculative;
         }
-        // Without revision a committed token is final once its KV row holds it.
-        if cfg.revision.is_none() {
-            for a in 0..gen {
-                if states[a] == TokenState::Visible && !dirty[a] && !spec[a] {
-                    states[a] = TokenState::Stable;
-                }
+        // Without revision a committed token is final once its KV row holds it; with revision
+        // so is one committed at `stable_on_commit` confidence or more.
+        for a in 0..gen {
+            if (cfg.revision.is_none() || sure[a])
+                && states[a] == TokenState::Visible
+                && !dirty[a]
+                && !spec[a]
+            {
+                states[a] = TokenState::Stable;
             }
         }
         if let Some(f) = observe.as_mut() {

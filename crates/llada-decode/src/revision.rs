@@ -27,6 +27,12 @@ pub struct Revision {
     pub stable_threshold: f32,
     /// Probes after which a `Visible` token becomes `Stable` regardless (bounds the work).
     pub max_probes: u8,
+    /// A token the dense lane commits with at least this confidence becomes `Stable` as soon
+    /// as its KV row holds it, without a probe (`None`: every commit is probed). On the task
+    /// models half the commits (mostly EOS tails) reach 0.99, and a re-prediction that
+    /// overturns one needs another token at ≥ `revise_threshold` — the sparse lane spends its
+    /// rows on the uncertain half instead.
+    pub stable_on_commit: Option<f32>,
     /// Positions re-scored per step at most (the sparse lane's budget).
     pub max_rows: usize,
     /// Run the sparse lane on its own thread, concurrently with the dense lane. `false` runs it
@@ -41,6 +47,7 @@ impl Default for Revision {
             revise_threshold: 0.9,
             stable_threshold: 0.9,
             max_probes: 3,
+            stable_on_commit: Some(0.99),
             max_rows: 32,
             concurrent: true,
         }

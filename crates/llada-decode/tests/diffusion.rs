@@ -228,6 +228,7 @@ fn multi_block_and_revision_invariants() {
                 revise_threshold: revise,
                 stable_threshold: 0.5,
                 max_probes: 2,
+                stable_on_commit: None,
                 max_rows: 8,
                 concurrent,
             }),
@@ -308,6 +309,57 @@ fn multi_block_and_revision_invariants() {
         .unwrap();
         assert!(mb.forward_passes <= 32);
         assert_eq!(mb.sparse_passes, 0);
+        // Every commit reaches a stable-on-commit confidence this low: no token is ever probed,
+        // so the sparse lane stays idle and the answer is multi-block's.
+        let sure = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &DiffusionConfig {
+                revision: Some(Revision {
+                    stable_on_commit: Some(f32::MIN_POSITIVE),
+                    ..Revision::default()
+                }),
+                ..full(true, 1.0)
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!((sure.sparse_passes, sure.sparse_rows), (0, 0), "{name}");
+        assert_eq!(sure.tokens, mb.tokens, "{name}");
+        // Just above the commit threshold (these random fixtures are rarely sure of anything),
+        // the confident commits skip their probes: fewer sparse rows than probing every commit.
+        let probe_all = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &full(false, 0.05),
+            None,
+        )
+        .unwrap();
+        let some = generate_with(
+            &model,
+            &dense,
+            Some(&sparse),
+            &prompt,
+            &DiffusionConfig {
+                revision: Some(Revision {
+                    stable_on_commit: Some(0.055),
+                    ..full(false, 0.05).revision.unwrap()
+                }),
+                ..full(false, 0.05)
+            },
+            None,
+        )
+        .unwrap();
+        assert!(
+            some.sparse_rows < probe_all.sparse_rows,
+            "{name}: {} rows with stable-on-commit, {} without",
+            some.sparse_rows,
+            probe_all.sparse_rows
+        );
         // One token per step: windows shorter than a shape are padded, and counted.
         let one = generate(
             &model,
