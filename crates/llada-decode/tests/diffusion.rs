@@ -234,6 +234,9 @@ fn multi_block_and_revision_invariants() {
             }),
             ..DiffusionConfig::one_per_step(32, 8)
         };
+        let two_lanes = |cfg: &DiffusionConfig| {
+            generate_with(&model, &dense, Some(&sparse), &prompt, cfg, None).unwrap()
+        };
         let mut seen: Vec<(Vec<u32>, Vec<TokenState>)> = vec![];
         let mut obs = |v: &StepView| seen.push((v.tokens.to_vec(), v.states.to_vec()));
         let conc = generate_with(
@@ -245,15 +248,7 @@ fn multi_block_and_revision_invariants() {
             Some(&mut obs),
         )
         .unwrap();
-        let seq = generate_with(
-            &model,
-            &dense,
-            Some(&sparse),
-            &prompt,
-            &full(false, 0.05),
-            None,
-        )
-        .unwrap();
+        let seq = two_lanes(&full(false, 0.05));
         assert_eq!(conc.tokens, seq.tokens, "{name}: schedules disagree");
         assert_eq!(conc.revised, seq.revised);
         assert!(!conc.tokens.contains(&mask), "{name}: answer left masked");
@@ -278,22 +273,14 @@ fn multi_block_and_revision_invariants() {
             }
         }
         // A revision threshold no probability reaches never changes a token.
-        let none = generate_with(
-            &model,
-            &dense,
-            Some(&sparse),
-            &prompt,
-            &DiffusionConfig {
-                revision: Some(Revision {
-                    revise_threshold: 1.0,
-                    stable_threshold: 1.0,
-                    ..Revision::default()
-                }),
-                ..full(true, 1.0)
-            },
-            None,
-        )
-        .unwrap();
+        let none = two_lanes(&DiffusionConfig {
+            revision: Some(Revision {
+                revise_threshold: 1.0,
+                stable_threshold: 1.0,
+                ..Revision::default()
+            }),
+            ..full(true, 1.0)
+        });
         assert_eq!(none.revised, 0);
         // Multi-block alone equals the same run with the revision lane idle: the revision
         // path does not disturb the dense lane's cache.
@@ -311,54 +298,29 @@ fn multi_block_and_revision_invariants() {
         assert_eq!(mb.sparse_passes, 0);
         // Every commit reaches a stable-on-commit confidence this low: no token is ever probed,
         // so the sparse lane stays idle and the answer is multi-block's.
-        let sure = generate_with(
-            &model,
-            &dense,
-            Some(&sparse),
-            &prompt,
-            &DiffusionConfig {
-                revision: Some(Revision {
-                    stable_on_commit: Some(f32::MIN_POSITIVE),
-                    ..Revision::default()
-                }),
-                ..full(true, 1.0)
-            },
-            None,
-        )
-        .unwrap();
+        let sure = two_lanes(&DiffusionConfig {
+            revision: Some(Revision {
+                stable_on_commit: Some(f32::MIN_POSITIVE),
+                ..Revision::default()
+            }),
+            ..full(true, 1.0)
+        });
         assert_eq!((sure.sparse_passes, sure.sparse_rows), (0, 0), "{name}");
         assert_eq!(sure.tokens, mb.tokens, "{name}");
         // Just above the commit threshold (these random fixtures are rarely sure of anything),
         // the confident commits skip their probes: fewer sparse rows than probing every commit.
-        let probe_all = generate_with(
-            &model,
-            &dense,
-            Some(&sparse),
-            &prompt,
-            &full(false, 0.05),
-            None,
-        )
-        .unwrap();
-        let some = generate_with(
-            &model,
-            &dense,
-            Some(&sparse),
-            &prompt,
-            &DiffusionConfig {
-                revision: Some(Revision {
-                    stable_on_commit: Some(0.055),
-                    ..full(false, 0.05).revision.unwrap()
-                }),
-                ..full(false, 0.05)
-            },
-            None,
-        )
-        .unwrap();
+        let some = two_lanes(&DiffusionConfig {
+            revision: Some(Revision {
+                stable_on_commit: Some(0.055),
+                ..full(false, 0.05).revision.unwrap()
+            }),
+            ..full(false, 0.05)
+        });
         assert!(
-            some.sparse_rows < probe_all.sparse_rows,
+            some.sparse_rows < seq.sparse_rows,
             "{name}: {} rows with stable-on-commit, {} without",
             some.sparse_rows,
-            probe_all.sparse_rows
+            seq.sparse_rows
         );
         // One token per step: windows shorter than a shape are padded, and counted.
         let one = generate(
