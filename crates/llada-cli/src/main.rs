@@ -26,9 +26,17 @@ use std::path::PathBuf;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `threads`, or (when not given) every core the OS reports, at least 1.
+/// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1.
 pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
     threads.unwrap_or_else(|| {
+        // RAYON_NUM_THREADS, as for the global pool (e.g. two jobs sharing the cores).
+        if let Some(n) = std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+        {
+            return n;
+        }
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)

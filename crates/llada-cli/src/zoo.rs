@@ -391,13 +391,11 @@ fn distill_labels(
     );
     let mut out = Vec::with_capacity(n);
     for (k, x) in inputs.iter().enumerate() {
-        let x = if generated {
+        out.push(if generated {
             generate_window(&model, &lane, &x[..GEN_PREFIX.min(t)], k % 2 == 1, t)?
         } else {
-            x.clone()
-        };
-        let y = causal_argmax(&model, &lane, &x)?;
-        out.push((x, y));
+            (x.clone(), causal_argmax(&model, &lane, x)?)
+        });
         pb.inc(1);
     }
     pb.finish();
@@ -410,15 +408,17 @@ fn distill_labels(
     Ok(out)
 }
 
-/// A `t`-token window: `prefix` (as raw text, or inside a chat request) continued by the
-/// target's own greedy tokens.
+/// A `t`-token window — `prefix` (as raw text, or inside a chat request) continued by the
+/// target's own greedy tokens — and its labels, the target's argmax after every position. Past
+/// the prompt the argmax *is* the next greedy token (one more is generated for the last
+/// label), so only the prompt needs a labelling pass.
 fn generate_window(
     model: &Model,
     lane: &Lane,
     prefix: &[u32],
     chat: bool,
     t: usize,
-) -> Result<Vec<u32>> {
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let prompt = if chat {
         let tok = model
             .tokenizer
@@ -434,17 +434,20 @@ fn generate_window(
         prefix.to_vec()
     };
     let cfg = llada_decode::ar::GenerateConfig {
-        max_tokens: t - prompt.len(),
+        max_tokens: t + 1 - prompt.len(),
         stop_at_eos: false,
         ..Default::default()
     };
     let g = llada_decode::ar::generate(model, lane, &prompt, &cfg, |_| true)?;
+    let mut y = causal_argmax(model, lane, &prompt[..prompt.len() - 1])?;
     let mut x = prompt;
     x.extend_from_slice(&g.tokens);
-    if x.len() != t {
-        bail!("the target produced {} of {t} window tokens", x.len());
+    if x.len() != t + 1 {
+        bail!("the target produced {} of {t} window tokens", x.len() - 1);
     }
-    Ok(x)
+    y.extend_from_slice(&x[y.len() + 1..]);
+    x.truncate(t);
+    Ok((x, y))
 }
 
 /// Fine-tuning a draft keeps its reduced vocabulary: the ids computed from the corpus must be
