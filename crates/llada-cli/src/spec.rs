@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::speculative::drafter::{Drafter, ModelDrafter, NgramDrafter, TreeShape};
+use llada_decode::speculative::drafter::{
+    Drafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape,
+};
 use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
 use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter, SelfHead};
 use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
@@ -17,7 +19,8 @@ use std::path::PathBuf;
 pub struct SpecArgs {
     /// Drafter: `ngram` (prompt lookup, no model), a draft model (path or alias) sharing the
     /// target's token ids, e.g. models/smollm2-draft, or `self` / `self:HEAD.safetensors`
-    /// (the target's first layers plus a head from `llada train-self-draft`).
+    /// (the target's first layers plus a head from `llada train-self-draft`); `ngram+SOURCE`
+    /// merges prompt lookup into SOURCE's proposals (e.g. `ngram+models/smollm2-draft`).
     #[arg(long, default_value = "ngram")]
     pub draft: String,
     /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth).
@@ -95,12 +98,14 @@ impl SpecArgs {
     }
 }
 
-/// A loaded drafter: the n-gram drafter, a draft model (kept alive for the borrow), or the
-/// target's own first layers with a trained head (`self`, `self:PATH`).
+/// A loaded drafter: the n-gram drafter, a draft model (kept alive for the borrow), the
+/// target's own first layers with a trained head (`self`, `self:PATH`), or any of those with
+/// prompt lookup merged in (`ngram+SOURCE`, e.g. `ngram+models/smollm2-draft`).
 pub enum DraftSource {
     Ngram,
     Model(Box<Model>),
     SelfDraft(SelfHead),
+    Hybrid(Box<DraftSource>),
 }
 
 /// Where `--draft self` finds its head.
@@ -110,6 +115,9 @@ impl DraftSource {
     pub fn load(name: &str, target: &Model) -> Result<Self> {
         if name == "ngram" {
             return Ok(Self::Ngram);
+        }
+        if let Some(inner) = name.strip_prefix("ngram+") {
+            return Ok(Self::Hybrid(Box::new(Self::load(inner, target)?)));
         }
         if name == "self" || name.starts_with("self:") {
             let p = std::path::Path::new(name.strip_prefix("self:").unwrap_or(SELF_HEAD));
@@ -147,6 +155,9 @@ impl DraftSource {
     }
     /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
     pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
+        if let Some(inner) = name.strip_prefix("ngram+") {
+            return Self::probe(inner);
+        }
         if name == "ngram" || name == "self" || name.starts_with("self:") {
             return Ok(None);
         }
@@ -171,6 +182,9 @@ impl DraftSource {
             Self::Ngram => Box::new(NgramDrafter),
             Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
             Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
+            Self::Hybrid(inner) => Box::new(HybridDrafter {
+                inner: inner.drafter(target, lane, temperature)?,
+            }),
         })
     }
 }
@@ -280,7 +294,7 @@ pub struct SpecBenchArgs {
     /// Target model (alias, GGUF or HF directory).
     #[arg(long, default_value = "smollm2")]
     target: String,
-    /// Drafters to compare (`ngram` and/or draft model paths).
+    /// Drafters to compare (`ngram`, draft model paths, `self`, `ngram+SOURCE`).
     #[arg(long, value_delimiter = ',', default_value = "ngram")]
     drafts: Vec<String>,
     /// Prompts, alternating raw prose continuations and chat requests (chat template);
@@ -874,7 +888,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     let prompts = corpus.windows(false, a.prompts.max(4), 32, &mut rng);
     let src = DraftSource::load(&a.draft, &target)?;
     let draft_dir = match &src {
-        DraftSource::Ngram | DraftSource::SelfDraft(_) => {
+        DraftSource::Ngram | DraftSource::SelfDraft(_) | DraftSource::Hybrid(_) => {
             bail!(
                 "the probe ships with a draft model directory, not `{}`",
                 a.draft

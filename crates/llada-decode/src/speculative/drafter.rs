@@ -185,6 +185,47 @@ impl Drafter for NgramDrafter {
     }
 }
 
+/// A drafter plus prompt lookup: at every node the n-gram drafter's proposals (2- and 3-token
+/// suffix matches only; single-token matches are worse than a model) are merged into the inner
+/// drafter's. A token both propose gets `1 − (1 − q_inner)(1 − q_ngram)`. Greedy text of a
+/// small target repeats itself — on SmolLM2-135M's own greedy continuations a 3-token suffix
+/// recurs at 37 % of the first 48 generated positions and predicts the next token 87 % of the
+/// time (87 % / 94 % over the next 48; docs/speculative.md) — and a draft model cannot know
+/// which loop the target is in. The full distribution (chain rejection sampling) stays the
+/// inner drafter's.
+pub struct HybridDrafter<'a> {
+    pub inner: Box<dyn Drafter + 'a>,
+}
+
+/// Lowest n-gram probability the hybrid takes (the n-gram drafter gives a 2-token match 0.6 and
+/// a 3-token match 0.8 times the continuation's frequency; a 1-token match at most 0.35).
+const HYBRID_MIN_NGRAM: f32 = 0.5;
+
+impl Drafter for HybridDrafter<'_> {
+    fn name(&self) -> String {
+        format!("ngram+{}", self.inner.name())
+    }
+    fn propose(
+        &mut self,
+        context: &[u32],
+        tree: &DraftTree,
+        node: Option<usize>,
+        k: usize,
+    ) -> Result<Proposal, ModelError> {
+        let mut p = self.inner.propose(context, tree, node, k)?;
+        let ng = NgramDrafter.propose(context, tree, node, k)?;
+        for &(tok, q) in ng.top.iter().filter(|c| c.1 >= HYBRID_MIN_NGRAM) {
+            match p.top.iter_mut().find(|c| c.0 == tok) {
+                Some(c) => c.1 = 1.0 - (1.0 - c.1) * (1.0 - q),
+                None => p.top.push((tok, q)),
+            }
+        }
+        p.top.sort_by(|a, b| b.1.total_cmp(&a.1));
+        p.top.truncate(k.max(1));
+        Ok(p)
+    }
+}
+
 /// The committed context a model-based drafter holds in its KV cache (`context[..len − 1]`;
 /// the last token is fed with every draft step): rolled back to the common prefix after
 /// rejections, then extended.
@@ -346,6 +387,49 @@ impl Drafter for ModelDrafter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Inner proposals the n-gram drafter does not back stay as they are; a confident n-gram
+    /// continuation joins them (or raises the same token), single-token matches are ignored.
+    #[test]
+    fn hybrid_merges_confident_ngrams() {
+        struct Fixed(Vec<(u32, f32)>);
+        impl Drafter for Fixed {
+            fn name(&self) -> String {
+                "fixed".into()
+            }
+            fn propose(
+                &mut self,
+                _: &[u32],
+                _: &DraftTree,
+                _: Option<usize>,
+                _: usize,
+            ) -> Result<Proposal, ModelError> {
+                Ok(Proposal {
+                    top: self.0.clone(),
+                    full: None,
+                })
+            }
+        }
+        let t = DraftTree::default();
+        // "5 6 7 8 … 5 6 7" → the 3-gram drafter says 8 (q = 0.8).
+        let ctx = [5u32, 6, 7, 8, 1, 2, 5, 6, 7];
+        let mut h = HybridDrafter {
+            inner: Box::new(Fixed(vec![(9, 0.5), (8, 0.2)])),
+        };
+        assert_eq!(h.name(), "ngram+fixed");
+        let p = h.propose(&ctx, &t, None, 3).unwrap();
+        assert_eq!(p.top[0].0, 8);
+        assert!((p.top[0].1 - (1.0 - 0.8 * 0.2)).abs() < 1e-6);
+        assert_eq!(p.top[1], (9, 0.5));
+        let mut h = HybridDrafter {
+            inner: Box::new(Fixed(vec![(9, 0.5)])),
+        };
+        let p = h.propose(&ctx, &t, None, 3).unwrap();
+        assert_eq!(p.top, vec![(8, 0.8), (9, 0.5)]);
+        // Only a 1-token match ("… 3" once before): the inner proposal alone.
+        let p = h.propose(&[3, 4, 1, 3], &t, None, 3).unwrap();
+        assert_eq!(p.top, vec![(9, 0.5)]);
+    }
 
     #[test]
     fn ngram_finds_the_repeat() {
