@@ -397,6 +397,9 @@ fn distill_labels(
             (x.clone(), causal_argmax(&model, &lane, x)?)
         });
         pb.inc(1);
+        if (k + 1) % 32 == 0 && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            eprintln!("labelled {}/{n} windows", k + 1);
+        }
     }
     pb.finish();
     let mut w: Vec<u32> = vec![0x4c4c_4453, n as u32, t as u32];

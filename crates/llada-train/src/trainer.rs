@@ -12,6 +12,7 @@ use candle_core::Device;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Instant;
 
@@ -578,6 +579,16 @@ pub fn train(
                 options: opts.clone(),
             };
             std::fs::write(&state_path, serde_json::to_string_pretty(&st)?)?;
+            // The bar is invisible when stderr is a file (a background run): log a line.
+            if !quiet && !std::io::stderr().is_terminal() {
+                eprintln!(
+                    "step {}/{} loss {ema:.4} held-out {hl:.4} lr {lr:.2e} {:.0} tok/s {:.0} s",
+                    step + 1,
+                    opts.steps,
+                    tokens as f64 / (wall0 + el).max(1e-9),
+                    wall0 + el
+                );
+            }
         }
         if out_of_time {
             if !quiet {
