@@ -250,7 +250,7 @@ fn run_interleaved(
                 name: name.clone(),
                 cfg: cfg.clone(),
                 lanes: Lanes::new(threads, cfg)?,
-                pass_s: vec![],
+                pass_s: vec![0.0; repeats.max(1)],
                 fw: 0,
                 pad: 0,
                 rev: 0,
@@ -262,13 +262,12 @@ fn run_interleaved(
         })
         .collect::<Result<Vec<_>>>()?;
     for rep in 0..repeats.max(1) {
-        tallies.iter_mut().for_each(|t| t.pass_s.push(0.0));
         for (p, want) in prompts {
             for t in tallies.iter_mut() {
                 pb.set_message(format!("{model_name}: pass {} · {}", rep + 1, t.name));
                 let clock = Instant::now();
                 let out = t.lanes.generate(model, p, &t.cfg, None)?;
-                *t.pass_s.last_mut().unwrap_or(&mut 0.0) += clock.elapsed().as_secs_f64();
+                t.pass_s[rep] += clock.elapsed().as_secs_f64();
                 if rep == 0 {
                     t.fw += out.forward_passes;
                     t.pad += out.padded_rows;
@@ -390,8 +389,7 @@ pub fn sweep_model(
             })?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2];
+        let ms = median(&times);
         out.push(SweepPoint {
             model: name.to_string(),
             window: w,

@@ -372,7 +372,13 @@ pub fn generate_with(
     let mut spec = vec![false; gen];
     let mut probes = vec![0u8; gen];
     let mut revised = vec![false; gen];
-    // Committed at `Revision::stable_on_commit` confidence or more (not worth a probe).
+    // Final once its KV row holds it: without revision every commit, with revision one
+    // committed at `Revision::stable_on_commit` confidence or more (not worth a probe).
+    let sure_of = |confidence: f32| {
+        cfg.revision
+            .as_ref()
+            .is_none_or(|r| r.stable_on_commit.is_some_and(|t| confidence >= t))
+    };
     let mut sure = vec![false; gen];
     let spec_threshold = cfg.threshold.unwrap_or(0.9);
     let (mut last_block, mut step, mut plan) = (None, 0usize, Vec::new());
@@ -575,22 +581,13 @@ pub fn generate_with(
         );
         for (&(cf, i, tok), speculative) in commits {
             x[i] = tok;
-            sure[i - p] = cfg
-                .revision
-                .and_then(|r| r.stable_on_commit)
-                .is_some_and(|t| cf >= t);
+            sure[i - p] = sure_of(cf);
             states[i - p] = TokenState::Visible;
             dirty[i - p] = true;
             spec[i - p] = speculative;
         }
-        // Without revision a committed token is final once its KV row holds it; with revision
-        // so is one committed at `stable_on_commit` confidence or more.
         for a in 0..gen {
-            if (cfg.revision.is_none() || sure[a])
-                && states[a] == TokenState::Visible
-                && !dirty[a]
-                && !spec[a]
-            {
+            if sure[a] && states[a] == TokenState::Visible && !dirty[a] && !spec[a] {
                 states[a] = TokenState::Stable;
             }
         }

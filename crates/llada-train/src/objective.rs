@@ -81,32 +81,22 @@ pub fn diffusion_batch(
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
-    diffusion_batch_shaped(examples, mask_id, eps, shift, 0.0, rng, dev)
+    diffusion_batch_padded(examples, mask_id, eps, shift, 0.0, 0, rng, dev)
 }
 
-/// [`diffusion_batch`] where a fraction `structured` of the rows mask a contiguous run instead
-/// of independent positions: half of them the last `⌈t·L⌉` answer positions (suffix), half the
-/// first (prefix). Same `t`, same `1/(t·L)` weight, so the expected masked count and the loss
-/// scale are those of independent masking; what changes is which contexts the model sees. A
-/// suffix-masked row trains the prediction a left-to-right decode makes at its frontier (all
-/// of the left context visible), a prefix-masked row the right-to-left one (e.g. a sum's high
-/// digits from its low digits); with independent masking alone those contexts are rare once
-/// answers are long.
-pub fn diffusion_batch_shaped(
-    examples: &[Example],
-    mask_id: u32,
-    eps: f64,
-    shift: bool,
-    structured: f64,
-    rng: &mut impl Rng,
-    dev: &Device,
-) -> Result<Batch> {
-    diffusion_batch_padded(examples, mask_id, eps, shift, structured, 0, rng, dev)
-}
-
-/// [`diffusion_batch_shaped`] over [`layout_padded`] rows: answer regions rounded up to
-/// multiples of `pad_to` with EOS, which are masked and weighted like answer tokens (LLaDA's
-/// SFT trains its EOS padding the same way).
+/// [`diffusion_batch`] with two options.
+///
+/// A fraction `structured` of the rows mask a contiguous run instead of independent positions:
+/// half of them the last `⌈t·L⌉` answer positions (suffix), half the first (prefix). Same `t`,
+/// same `1/(t·L)` weight, so the expected masked count and the loss scale are those of
+/// independent masking; what changes is which contexts the model sees. A suffix-masked row
+/// trains the prediction a left-to-right decode makes at its frontier (all of the left context
+/// visible), a prefix-masked row the right-to-left one (e.g. a sum's high digits from its low
+/// digits); with independent masking alone those contexts are rare once answers are long.
+///
+/// Rows are [`layout_padded`]: answer regions rounded up to multiples of `pad_to` (0: off)
+/// with EOS, which are masked and weighted like answer tokens (LLaDA's SFT trains its EOS
+/// padding the same way).
 #[allow(clippy::too_many_arguments)]
 pub fn diffusion_batch_padded(
     examples: &[Example],
@@ -286,7 +276,8 @@ mod tests {
         let ex: Vec<Example> = (0..256).map(|_| g.next(Some("rev"))).collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
         let (_, starts) = layout(&ex, 1);
-        let b = diffusion_batch_shaped(&ex, 2, 0.05, false, 1.0, &mut rng, &Device::Cpu).unwrap();
+        let b =
+            diffusion_batch_padded(&ex, 2, 0.05, false, 1.0, 0, &mut rng, &Device::Cpu).unwrap();
         let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
         let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
         let (mut suffix, mut prefix) = (0, 0);
@@ -313,7 +304,8 @@ mod tests {
         // Both shapes occur, in roughly equal numbers.
         assert!(suffix > 80 && prefix > 80, "{suffix} {prefix}");
         // structured = 0 is independent masking: some row has a gap.
-        let b = diffusion_batch_shaped(&ex, 2, 0.05, false, 0.0, &mut rng, &Device::Cpu).unwrap();
+        let b =
+            diffusion_batch_padded(&ex, 2, 0.05, false, 0.0, 0, &mut rng, &Device::Cpu).unwrap();
         let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
         assert!(ids.iter().any(|row| {
             let m: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 2).collect();

@@ -121,7 +121,7 @@ pub struct TaskData {
     /// Largest length scale (1 = full task lengths).
     pub max_scale: f64,
     /// Fraction of rows with contiguous (suffix / prefix) masks
-    /// ([`crate::objective::diffusion_batch_shaped`]).
+    /// ([`crate::objective::diffusion_batch_padded`]).
     pub structured: f64,
     /// Fraction of the run's progress trained autoregressively first, as Dream-7B starts
     /// from an autoregressive model: Dream in its shifted layout
