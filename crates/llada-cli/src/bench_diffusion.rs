@@ -55,8 +55,12 @@ pub struct DiffusionBenchArgs {
     /// every commit is probed).
     #[arg(long, default_value = "0.99", value_parser = crate::zoo::parse_stable_on_commit)]
     stable_on_commit: crate::zoo::StableOnCommit,
+    /// Revision: probes after which a token becomes stable regardless.
+    #[arg(long, default_value_t = Revision::default().max_probes)]
+    max_probes: u8,
     /// Strategies to run (default: all): vanilla, prefix, dual+threshold, multi-block, full,
     /// full-one-lane (full with the sparse pass after the dense one, on all threads),
+    /// full-sparse-pool (full with the sparse lane on a one-thread pool of its own),
     /// revision-only.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
@@ -88,13 +92,14 @@ pub struct DiffusionBenchArgs {
 }
 
 /// The strategies and ablations, in report order.
-pub const STRATEGIES: [&str; 7] = [
+pub const STRATEGIES: [&str; 8] = [
     "vanilla",
     "prefix",
     "dual+threshold",
     "multi-block",
     "full",
     "full-one-lane",
+    "full-sparse-pool",
     "revision-only",
 ];
 
@@ -117,14 +122,16 @@ fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionC
             c.multi_block = Some(mb);
         }
         // `full-one-lane`: the same decoder with the sparse pass run after the dense pass on
-        // the dense lane's threads — what the concurrent lanes cost or save on these cores.
-        "full" | "full-one-lane" => {
+        // the dense lane's threads — what the concurrent lanes cost or save on these cores;
+        // `full-sparse-pool`: the sparse lane on a one-thread pool of its own.
+        "full" | "full-one-lane" | "full-sparse-pool" => {
             c.cache = CacheMode::Dual;
             c.threshold = Some(a.threshold);
             c.multi_block = Some(mb);
             c.revision = Some(Revision {
-                concurrent: name == "full",
+                concurrent: name != "full-one-lane",
                 stable_on_commit: a.stable_on_commit.0,
+                max_probes: a.max_probes,
                 ..Revision::default()
             });
         }
@@ -133,6 +140,7 @@ fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionC
             c.threshold = Some(a.threshold);
             c.revision = Some(Revision {
                 stable_on_commit: a.stable_on_commit.0,
+                max_probes: a.max_probes,
                 ..Revision::default()
             });
         }
@@ -249,7 +257,7 @@ fn run_interleaved(
             Ok(Tally {
                 name: name.clone(),
                 cfg: cfg.clone(),
-                lanes: Lanes::new(threads, cfg)?,
+                lanes: Lanes::new(threads, cfg, name == "full-sparse-pool")?,
                 pass_s: vec![0.0; repeats.max(1)],
                 fw: 0,
                 pad: 0,

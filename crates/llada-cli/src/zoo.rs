@@ -607,7 +607,7 @@ pub struct DiffusionArgs {
     #[arg(long, default_value_t = 0.9)]
     pub stable_threshold: f32,
     /// Revision: probes after which a token becomes stable regardless.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = Revision::default().max_probes)]
     pub max_probes: u8,
     /// Revision: a token committed with at least this confidence becomes stable without a
     /// probe; `off` probes every commit.
@@ -617,6 +617,11 @@ pub struct DiffusionArgs {
     /// result; a deterministic schedule).
     #[arg(long)]
     pub sequential_revision: bool,
+    /// Revision: give the concurrent sparse lane a one-thread pool of its own instead of
+    /// sharing the dense lane's threads (for machines with a core to spare; on 2 cores it
+    /// slows the dense lane down).
+    #[arg(long)]
+    pub sparse_pool: bool,
     /// Redraw the answer in the terminal as it denoises (stderr): masked positions as ░,
     /// committed tokens in yellow, revised in magenta, stable in the default colour.
     #[arg(long)]
@@ -726,31 +731,30 @@ impl DiffusionArgs {
     }
 }
 
-/// The lanes a diffusion strategy runs on: with revision, the dense lane gives one thread to
-/// the sparse lane (both run at once); otherwise the dense lane has every thread.
+/// The lanes a diffusion strategy runs on: the dense lane with every thread, and a sparse lane
+/// of its own only when asked for (see [`Lanes::new`]).
 pub struct Lanes {
     pub dense: Lane,
     pub sparse: Option<Lane>,
 }
 
 impl Lanes {
-    pub fn new(threads: usize, cfg: &DiffusionConfig) -> Result<Self> {
-        // Concurrent revision adds a one-thread sparse lane beside a dense lane that keeps every
-        // thread: the dense pass is the critical path and the sparse pass is a few rows, so the
-        // sparse thread borrows a core for a moment instead of halving the dense lane for the
-        // whole step (2 cores, `llada bench diffusion`: splitting 1 + 1 made `full` 20 % slower
-        // than `full-one-lane`; 2 + 1 is on par with it). Sequential revision runs its pass on the
-        // dense lane.
-        Ok(if cfg.revision.is_some_and(|r| r.concurrent) {
-            Self {
-                dense: Lane::new("dense", threads)?,
-                sparse: Some(Lane::new("sparse", 1)?),
-            }
-        } else {
-            Self {
-                dense: Lane::new("dense", threads)?,
-                sparse: None,
-            }
+    /// The lanes for `cfg`. Concurrent revision runs its sparse pass beside the dense pass on
+    /// the dense lane's threads ([`Lane::join`]), unless `sparse_pool` gives it a one-thread
+    /// pool of its own. Measured on 2 cores (`llada bench diffusion`, strategies `full` and
+    /// `full-sparse-pool`): the own pool preempts a dense worker, and every parallel kernel of
+    /// the dense pass then waits for it — the dense pass took ≈ 1.5x longer, more than the
+    /// sparse work itself; the join made revision cost ≈ 5 % over multi-block instead of
+    /// 15–30 %. The own pool is for machines with a core to spare.
+    pub fn new(threads: usize, cfg: &DiffusionConfig, sparse_pool: bool) -> Result<Self> {
+        let concurrent = cfg.revision.is_some_and(|r| r.concurrent);
+        Ok(Self {
+            dense: Lane::new("dense", threads)?,
+            sparse: if concurrent && sparse_pool {
+                Some(Lane::new("sparse", 1)?)
+            } else {
+                None
+            },
         })
     }
     pub fn generate(
@@ -816,7 +820,7 @@ pub fn generate_diffusion(
     }
     let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
     let threads = crate::threads_or_all(threads);
-    let lanes = Lanes::new(threads, &cfg)?;
+    let lanes = Lanes::new(threads, &cfg, d.sparse_pool)?;
     let mut view = |v: &StepView| {
         let mut line = String::new();
         for ((&t, st), &rev) in v.tokens.iter().zip(v.states).zip(v.revised) {
@@ -1095,6 +1099,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let lanes = Lanes::new(
         threads,
         &a.diffusion.config(a.diffusion.block_length, 0.0, 0)?,
+        a.diffusion.sparse_pool,
     )?;
     let tasks: Vec<&'static str> =
         if a.tasks.is_empty() {

@@ -380,6 +380,7 @@ pub fn generate_with(
             .is_none_or(|r| r.stable_on_commit.is_some_and(|t| confidence >= t))
     };
     let mut sure = vec![false; gen];
+    let mut shadow: Option<KvCache> = None;
     let spec_threshold = cfg.threshold.unwrap_or(0.9);
     let (mut last_block, mut step, mut plan) = (None, 0usize, Vec::new());
     while let Some(win) = window::plan(&states, &dirty, bl, cfg.multi_block.as_ref()) {
@@ -428,7 +429,13 @@ pub fn generate_with(
             None => vec![],
         };
         let probe = (!probed.is_empty()).then(|| build_probe(&x, &probed, mask, shift));
-        let mut snapshot = probe.as_ref().map(|_| cache.clone());
+        // The sparse lane reads a snapshot of the cache as of the step's start (the dense
+        // pass overwrites its rows meanwhile): `shadow`, a second cache kept equal to the live
+        // one row by row at every step end (a full clone per step cost more than the copies).
+        if probe.is_some() && shadow.is_none() {
+            shadow = Some(cache.clone());
+        }
+        let mut snapshot = probe.as_ref().and(shadow.as_mut());
         let dense_req = ForwardRequest {
             tokens: &x[dp.row0..dp.row1],
             positions: &positions[dp.row0..dp.row1],
@@ -436,14 +443,15 @@ pub fn generate_with(
             kv_write: KvWrite::Slots(&dp.slots),
             logits: LogitRows::Rows(&logit_rows),
         };
-        let run_dense = |cache: &mut KvCache| {
+        // The two passes, timed; which threads run them is decided below.
+        let dense_pass = |cache: &mut KvCache| {
             let _s = OpSpan::begin("dense_window", -1, &[(dp.row1 - dp.row0) as u64], "tokens")
                 .padded(dp.padding as u64);
             let a = Instant::now();
-            let r = dense.run(|| model.forward(&dense_req, cache));
+            let r = model.forward(&dense_req, cache);
             (r, a, Instant::now())
         };
-        let run_sparse = |snap: &mut KvCache, pb: &crate::revision::ProbeBatch| {
+        let sparse_pass = |snap: &mut KvCache, pb: &crate::revision::ProbeBatch| {
             let req = ForwardRequest {
                 tokens: &pb.tokens,
                 positions: &pb.positions,
@@ -452,27 +460,39 @@ pub fn generate_with(
                 logits: LogitRows::Rows(&pb.logit_rows),
             };
             let a = Instant::now();
-            let r = match sparse {
-                Some(l) => l.run(|| model.forward(&req, snap)),
-                None => dense.run(|| model.forward(&req, snap)),
-            };
+            let r = model.forward(&req, snap);
             (r, a, Instant::now())
         };
         let concurrent = cfg.revision.as_ref().is_some_and(|r| r.concurrent);
-        let (dres, sres) = match (&probe, snapshot.as_mut()) {
-            (Some(pb), Some(snap)) if concurrent => std::thread::scope(|sc| {
-                let h = sc.spawn(|| run_sparse(snap, pb));
-                let d = run_dense(&mut cache);
+        let (dres, sres) = match (&probe, snapshot.as_mut(), sparse) {
+            // Concurrent on the sparse lane's own pool (cores to spare for it).
+            (Some(pb), Some(snap), Some(sl)) if concurrent => std::thread::scope(|sc| {
+                let h = sc.spawn(|| sl.run(|| sparse_pass(snap, pb)));
+                let d = dense.run(|| dense_pass(&mut cache));
                 let s = h
                     .join()
                     .map_err(|_| ModelError::Other("the sparse lane panicked".into()));
                 (d, Some(s))
             }),
-            (Some(pb), Some(snap)) => {
-                let d = run_dense(&mut cache);
-                (d, Some(Ok(run_sparse(snap, pb))))
+            // Concurrent on the dense lane's threads (work-stealing join: no oversubscription).
+            (Some(pb), Some(snap), None) if concurrent => {
+                let (d, s) = dense.join(
+                    || dense_pass(&mut cache),
+                    || sparse_pass(snap, pb),
+                    "sparse",
+                );
+                (d, Some(Ok(s)))
             }
-            _ => (run_dense(&mut cache), None),
+            // Sequential: the deterministic schedule (same results by construction).
+            (Some(pb), Some(snap), sl) => {
+                let d = dense.run(|| dense_pass(&mut cache));
+                let s = match sl {
+                    Some(l) => l.run(|| sparse_pass(snap, pb)),
+                    None => dense.run(|| sparse_pass(snap, pb)),
+                };
+                (d, Some(Ok(s)))
+            }
+            _ => (dense.run(|| dense_pass(&mut cache)), None),
         };
         let (dout, da, db) = dres;
         let mut dout = dout?;
@@ -540,6 +560,20 @@ pub fn generate_with(
                     Verdict::Keep => {}
                 }
                 probes[a] = probes[a].saturating_add(1);
+            }
+        }
+        // The shadow takes the rows the dense pass wrote (the merged ones it holds already).
+        if let Some(sh) = shadow.as_mut() {
+            for &slot in dp.slots.iter().flatten() {
+                sh.copy_slot_from(&cache, slot)
+                    .map_err(|e| ModelError::Other(e.to_string()))?;
+            }
+            // The invariant, checked in this crate's unit tests (a clone would be equal).
+            if cfg!(test) {
+                assert!(
+                    sh.same_rows(&cache),
+                    "the sparse lane's shadow cache diverged"
+                );
             }
         }
         // Dense commits: the current block by schedule or threshold, future blocks (multi-
@@ -640,5 +674,58 @@ mod tests {
         assert_eq!(transfer_schedule(32, 32), vec![1; 32]);
         assert_eq!(transfer_schedule(5, 8), vec![1, 1, 1, 1, 1, 0, 0, 0]);
         assert_eq!(transfer_schedule(10, 4).iter().sum::<usize>(), 10);
+    }
+
+    /// The sparse lane's shadow cache stays equal to the live cache at every step end (the
+    /// loop asserts it under `cfg(test)`), on both formats, with the sparse pass on its own
+    /// pool, joined onto the dense lane, and sequential.
+    #[test]
+    fn shadow_cache_tracks_the_live_cache() {
+        use crate::revision::Revision;
+        use crate::window::MultiBlock;
+        use llada_model::LoadOptions;
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        if !dir.join("expected.json").exists() {
+            panic!(
+                "fixtures missing: run `python3 tests/reference/make_fixtures.py tests/fixtures`"
+            );
+        }
+        let (dense, sparse) = (
+            Lane::new("dense", 2).unwrap(),
+            Lane::new("sparse", 1).unwrap(),
+        );
+        for name in ["hf-llada", "hf-dream"] {
+            let opts = LoadOptions {
+                no_tokenizer: true,
+                ..Default::default()
+            };
+            let model = Model::load(&dir.join(name), &opts).unwrap();
+            let mut outs = vec![];
+            for (concurrent, pool) in [(true, true), (true, false), (false, false)] {
+                let cfg = DiffusionConfig {
+                    cache: CacheMode::Dual,
+                    threshold: Some(0.05),
+                    multi_block: Some(MultiBlock {
+                        window: 16,
+                        lookahead: 6,
+                    }),
+                    revision: Some(Revision {
+                        revise_threshold: 0.05,
+                        stable_threshold: 0.5,
+                        max_probes: 3,
+                        stable_on_commit: None,
+                        concurrent,
+                        ..Revision::default()
+                    }),
+                    ..DiffusionConfig::one_per_step(32, 8)
+                };
+                let sl = pool.then_some(&sparse);
+                let o = generate_with(&model, &dense, sl, &[5, 17, 33, 8, 2, 61], &cfg, None);
+                let o = o.unwrap();
+                assert!(o.sparse_passes > 1, "{name}: the sparse lane must run");
+                outs.push(o.tokens);
+            }
+            assert!(outs.windows(2).all(|w| w[0] == w[1]), "{name}");
+        }
     }
 }

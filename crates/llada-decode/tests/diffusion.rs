@@ -211,6 +211,7 @@ fn bad_options_are_refused() {
 #[test]
 fn multi_block_and_revision_invariants() {
     let dense = Lane::new("dense", 1).unwrap();
+    let dense2 = Lane::new("dense", 2).unwrap();
     let sparse = Lane::new("sparse", 1).unwrap();
     for name in ["hf-llada", "hf-dream"] {
         let model = load(name);
@@ -251,6 +252,15 @@ fn multi_block_and_revision_invariants() {
         let seq = two_lanes(&full(false, 0.05));
         assert_eq!(conc.tokens, seq.tokens, "{name}: schedules disagree");
         assert_eq!(conc.revised, seq.revised);
+        // The sparse pass joined onto a two-thread dense lane (no pool of its own: the CLI's
+        // default), which also keeps the sparse snapshot row by row across steps.
+        let joined =
+            generate_with(&model, &dense2, None, &prompt, &full(true, 0.05), None).unwrap();
+        assert_eq!(joined.tokens, seq.tokens, "{name}: joined lanes disagree");
+        assert_eq!(
+            (joined.revised, joined.sparse_rows),
+            (seq.revised, seq.sparse_rows)
+        );
         assert!(!conc.tokens.contains(&mask), "{name}: answer left masked");
         assert!(
             conc.sparse_passes > 0 && conc.sparse_rows > 0,

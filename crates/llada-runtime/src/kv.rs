@@ -161,6 +161,17 @@ impl KvCache {
         self.pos[to] = self.pos[from];
     }
 
+    /// Whether `other` holds the same slots: length, positions and every layer's K/V rows.
+    pub fn same_rows(&self, other: &KvCache) -> bool {
+        let n = self.len * self.kv_dim;
+        self.len == other.len
+            && self.kv_dim == other.kv_dim
+            && self.n_layers == other.n_layers
+            && self.pos[..self.len] == other.pos[..other.len]
+            && (0..self.n_layers)
+                .all(|l| self.k[l][..n] == other.k[l][..n] && self.v[l][..n] == other.v[l][..n])
+    }
+
     /// Copy slot `slot` (every layer, and its position) from `other`, a cache of the same shape
     /// whose `len()` covers it; grows `self` if needed. This is the deferred merge of rows
     /// refreshed on a snapshot.
