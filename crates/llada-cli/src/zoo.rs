@@ -93,6 +93,12 @@ pub struct TrainArgs {
     /// one-position move afterwards [default: 0].
     #[arg(long)]
     ar_warmup: Option<f64>,
+    /// LLaDA task models: run the --ar-warmup in LLaDA's own alignment — output i predicts
+    /// token i from a mask at i and the tokens left of it (two-stream attention: each row is
+    /// trained as a content stream and a query stream of masks, twice the columns) — instead
+    /// of plain next-token prediction.
+    #[arg(long)]
+    two_stream: bool,
     /// Diffusion task models: EOS-pad each training answer to a multiple of N tokens, the
     /// generation lengths `llada eval` decodes with (answer + 1 rounded up to 32-token blocks),
     /// so the model learns long EOS tails instead of meeting them first at decode time
@@ -507,11 +513,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
         if !a.tasks.is_empty()
             || a.structured_masks.is_some()
             || a.ar_warmup.is_some()
+            || a.two_stream
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
         {
             bail!(
-                "--tasks, --structured-masks, --ar-warmup, --batch-tokens and --pad-answers apply to the task presets \
+                "--tasks, --structured-masks, --ar-warmup, --two-stream, --batch-tokens and --pad-answers apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -557,6 +564,9 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
+    if a.two_stream && (spec.format != Format::LLaDA || ar_warmup == 0.0) {
+        bail!("--two-stream applies to the --ar-warmup of LLaDA task models (tiny-llada-tasks)");
+    }
     if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0)) && spec.format == Format::Llama {
         bail!(
             "--ar-warmup and --pad-answers apply to diffusion models (tiny-llada-tasks, \
@@ -572,6 +582,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         max_scale: a.max_scale,
         structured,
         ar_warmup,
+        two_stream: a.two_stream,
         pad_answers: a.pad_answers.unwrap_or(0),
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;

@@ -32,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         max_scale: 0.25,
         structured: 0.5,
         ar_warmup: 0.0,
+        two_stream: false,
         pad_answers: 0,
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);

@@ -2,6 +2,7 @@
 //! format it is saved as, so `VarMap::save` writes a `model.safetensors` the engine loads with
 //! the same code path as LLaDA-8B or Dream-7B.
 
+use crate::ops::Visibility;
 use candle_core::{DType, Device, Result, Tensor, Var, D};
 use candle_nn::{Init, VarBuilder, VarMap};
 use serde_json::json;
@@ -284,6 +285,22 @@ impl TrainModel {
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (u32); `causal` selects the mask.
     pub fn forward(&self, ids: &Tensor, causal: bool) -> Result<Tensor> {
+        let vis = if causal {
+            Visibility::Causal
+        } else {
+            Visibility::All
+        };
+        self.forward_with(ids, None, vis)
+    }
+
+    /// [`TrainModel::forward`] with explicit RoPE positions per column (`None`: `0..T`) and any
+    /// prefix visibility (the two-stream warm-up: [`crate::objective::two_stream_batch`]).
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        positions: Option<&[u32]>,
+        vis: Visibility,
+    ) -> Result<Tensor> {
         let s = &self.spec;
         let (b, t) = ids.dims2()?;
         let dev = ids.device();
@@ -299,13 +316,17 @@ impl TrainModel {
             .collect();
         let mut cos = vec![0f32; t * hd];
         let mut sin = vec![0f32; t * hd];
-        for p in 0..t {
+        if positions.is_some_and(|p| p.len() != t) {
+            candle_core::bail!("forward_with: {t} columns but a different number of positions");
+        }
+        for r in 0..t {
+            let p = positions.map_or(r, |ps| ps[r] as usize);
             for i in 0..half {
                 let a = p as f64 * inv[i] as f64;
-                cos[p * hd + i] = a.cos() as f32;
-                cos[p * hd + half + i] = a.cos() as f32;
-                sin[p * hd + i] = a.sin() as f32;
-                sin[p * hd + half + i] = a.sin() as f32;
+                cos[r * hd + i] = a.cos() as f32;
+                cos[r * hd + half + i] = a.cos() as f32;
+                sin[r * hd + i] = a.sin() as f32;
+                sin[r * hd + half + i] = a.sin() as f32;
             }
         }
         let cos = Tensor::from_vec(cos, (1, 1, t, hd), dev)?;
@@ -347,7 +368,7 @@ impl TrainModel {
             let att = q.matmul(&k.t()?.contiguous()?)?;
             // Fused softmax with its own backward (crate::ops); candle_nn's fused
             // softmax_last_dim records no backward and its composed softmax is slow.
-            let att = crate::ops::softmax(&att, causal)?;
+            let att = crate::ops::softmax_visible(&att, vis.clone())?;
             let o = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
             x = (x + linear(&o, &l.o, None)?)?;
             let h = rms_norm(&x, &l.ffn_norm, s.rms_eps)?;

@@ -21,6 +21,8 @@ pub struct Batch {
     /// Run the forward with a causal mask (next-token batches; a Dream model's
     /// autoregressive warm-up). Causal-format models are always causal.
     pub causal: bool,
+    /// A [`two_stream_batch`]: `ids` are `[B, 2T]` (content stream, then query stream).
+    pub two_stream: bool,
 }
 
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
@@ -161,6 +163,7 @@ pub fn diffusion_batch_padded(
         weights,
         tokens: b * t,
         causal: false,
+        two_stream: false,
     })
 }
 
@@ -199,7 +202,60 @@ fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Ba
         weights: Tensor::from_vec(w, (b, t - 1), dev)?,
         tokens: b * t,
         causal: true,
+        two_stream: false,
     })
+}
+
+/// Left-to-right prediction in LLaDA's own alignment, for a bidirectional LLaDA model's
+/// autoregressive warm-up: output `i` predicts token `i` from a mask at `i` and the tokens
+/// left of it. A plain next-token warm-up trains output `i` to predict token `i + 1`, which the
+/// masked-diffusion phase must then undo; this one needs no such move (as Dream's shifted
+/// warm-up needs none for Dream).
+///
+/// One sequence cannot hold both the token at `i` (context for `i + 1`) and a mask at `i`, so
+/// each row carries two streams (XLNet's two-stream attention): columns `0..T` the content
+/// stream (the row's tokens, causal: content `r` sees content `0..=r`), columns `T..2T` the
+/// query stream (mask tokens at the same RoPE positions `0..T`; query `i` sees content `0..i`,
+/// nothing of the query stream, not even itself). Both visibilities are prefixes of the
+/// column order, so the fused softmax applies them ([`crate::ops::Visibility::Prefix`]).
+/// Targets: token `i` at query `i` for answer positions, weight `1/L`; the content stream
+/// carries no loss. Positions and visibility: [`two_stream_layout`].
+pub fn two_stream_batch(examples: &[Example], mask_id: u32, dev: &Device) -> Result<Batch> {
+    let (rows, starts) = layout(examples, 1);
+    let (b, t) = (rows.len(), rows[0].len());
+    let mut ids: Vec<u32> = Vec::with_capacity(b * 2 * t);
+    let mut tg: Vec<u32> = Vec::with_capacity(b * 2 * t);
+    let mut w: Vec<f32> = Vec::with_capacity(b * 2 * t);
+    for (row, &s) in rows.iter().zip(&starts) {
+        let l = (t - s) as f32;
+        ids.extend(row);
+        ids.extend(std::iter::repeat_n(mask_id, t));
+        tg.extend(std::iter::repeat_n(0, t));
+        tg.extend(row);
+        w.extend(std::iter::repeat_n(0.0, t));
+        w.extend((0..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
+    }
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, 2 * t), dev)?,
+        targets: Tensor::from_vec(tg, (b, 2 * t), dev)?,
+        weights: Tensor::from_vec(w, (b, 2 * t), dev)?,
+        tokens: b * t,
+        causal: false,
+        two_stream: true,
+    })
+}
+
+/// RoPE positions and visibility of a [`two_stream_batch`] of `2t` columns.
+pub fn two_stream_layout(t: usize) -> (Vec<u32>, crate::ops::Visibility) {
+    let positions: Vec<u32> = (0..t as u32).chain(0..t as u32).collect();
+    // Query 0 would see nothing; it is BOS's position, never a target, so it sees content 0.
+    let vis: Vec<u32> = (1..=t as u32)
+        .chain((0..t as u32).map(|i| i.max(1)))
+        .collect();
+    (
+        positions,
+        crate::ops::Visibility::Prefix(std::sync::Arc::new(vis)),
+    )
 }
 
 /// `Σ weight · CE(logits, target) / B`. With `shift`, `logits` is `[B, T, V]` and the targets

@@ -23,10 +23,34 @@ use rayon::prelude::*;
 /// Rows per rayon task: enough work per task that scheduling stays negligible.
 const ROWS_PER_TASK: usize = 64;
 
+/// Which columns each row of a trailing `[T, T]` score matrix sees: always a prefix
+/// `0..m(row)` (others get probability exactly 0).
+#[derive(Clone, Debug)]
+pub enum Visibility {
+    /// Every column.
+    All,
+    /// Row `i` sees columns `0..=i`.
+    Causal,
+    /// Row `i` sees columns `0..prefix[i]` (each at least 1; `prefix.len() == T`).
+    Prefix(std::sync::Arc<Vec<u32>>),
+}
+
 /// Softmax over the last dimension of an f32 tensor; with `causal`, row `i` of each trailing
 /// `[T, T]` matrix sees columns `0..=i` only (others get probability 0).
 pub fn softmax(x: &Tensor, causal: bool) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(Softmax { causal })
+    softmax_visible(
+        x,
+        if causal {
+            Visibility::Causal
+        } else {
+            Visibility::All
+        },
+    )
+}
+
+/// [`softmax`] with any prefix [`Visibility`].
+pub fn softmax_visible(x: &Tensor, vis: Visibility) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(Softmax { vis })
 }
 
 /// The contiguous f32 slice behind `storage`/`layout`.
@@ -40,30 +64,41 @@ fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&
     }
 }
 
-/// Row length and, for `causal`, the check that the trailing two dimensions are square.
-fn row_len(shape: &Shape, causal: bool, op: &str) -> Result<usize> {
+/// Row length and, for a masked visibility, the check that the trailing two dimensions are
+/// square (and match a prefix table).
+fn row_len(shape: &Shape, vis: &Visibility, op: &str) -> Result<usize> {
     let dims = shape.dims();
     let n = *dims.last().unwrap_or(&0);
     if n == 0 {
         candle_core::bail!("{op}: empty last dimension");
     }
-    if causal && (dims.len() < 2 || dims[dims.len() - 2] != n) {
-        candle_core::bail!("{op}: causal softmax needs square [.., T, T] scores, got {dims:?}");
+    let square = dims.len() >= 2 && dims[dims.len() - 2] == n;
+    match vis {
+        Visibility::All => {}
+        Visibility::Causal if !square => {
+            candle_core::bail!("{op}: causal softmax needs square [.., T, T] scores, got {dims:?}")
+        }
+        Visibility::Prefix(p)
+            if !square || p.len() != n || p.iter().any(|&m| m == 0 || m as usize > n) =>
+        {
+            candle_core::bail!("{op}: a prefix table of {} entries in 1..={n} needs square [.., {n}, {n}] scores, got {dims:?}", p.len())
+        }
+        _ => {}
     }
     Ok(n)
 }
 
 /// Columns row `r` (flat index) may see.
-fn visible(r: usize, n: usize, causal: bool) -> usize {
-    if causal {
-        r % n + 1
-    } else {
-        n
+fn visible(r: usize, n: usize, vis: &Visibility) -> usize {
+    match vis {
+        Visibility::All => n,
+        Visibility::Causal => r % n + 1,
+        Visibility::Prefix(p) => p[r % n] as usize,
     }
 }
 
 struct Softmax {
-    causal: bool,
+    vis: Visibility,
 }
 
 impl CustomOp1 for Softmax {
@@ -73,14 +108,14 @@ impl CustomOp1 for Softmax {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let src = f32_slice(storage, layout, self.name())?;
-        let n = row_len(layout.shape(), self.causal, self.name())?;
+        let n = row_len(layout.shape(), &self.vis, self.name())?;
         let mut dst = vec![0f32; src.len()];
         dst.par_chunks_mut(n * ROWS_PER_TASK)
             .zip(src.par_chunks(n * ROWS_PER_TASK))
             .enumerate()
             .for_each(|(task, (d, s))| {
                 for (i, (d, s)) in d.chunks_mut(n).zip(s.chunks(n)).enumerate() {
-                    let m = visible(task * ROWS_PER_TASK + i, n, self.causal);
+                    let m = visible(task * ROWS_PER_TASK + i, n, &self.vis);
                     let (d, s) = (&mut d[..m], &s[..m]);
                     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let mut sum = 0f32;
@@ -100,7 +135,7 @@ impl CustomOp1 for Softmax {
         Ok(Some(y.apply_op2_no_bwd(
             &g,
             &SoftmaxGrad {
-                causal: self.causal,
+                vis: self.vis.clone(),
             },
         )?))
     }
@@ -108,7 +143,7 @@ impl CustomOp1 for Softmax {
 
 /// `dx = y ⊙ (g − Σ_row g ⊙ y)` for `y = softmax(x)`; masked columns (y = 0) get 0.
 struct SoftmaxGrad {
-    causal: bool,
+    vis: Visibility,
 }
 
 impl CustomOp2 for SoftmaxGrad {
@@ -128,7 +163,7 @@ impl CustomOp2 for SoftmaxGrad {
         if l1.shape() != l2.shape() {
             candle_core::bail!("{}: shapes differ", self.name());
         }
-        let n = row_len(l1.shape(), self.causal, self.name())?;
+        let n = row_len(l1.shape(), &self.vis, self.name())?;
         let mut dst = vec![0f32; y.len()];
         dst.par_chunks_mut(n * ROWS_PER_TASK)
             .zip(y.par_chunks(n * ROWS_PER_TASK))
@@ -137,7 +172,7 @@ impl CustomOp2 for SoftmaxGrad {
             .for_each(|(task, ((d, y), g))| {
                 let rows = d.chunks_mut(n).zip(y.chunks(n)).zip(g.chunks(n));
                 for (i, ((d, y), g)) in rows.enumerate() {
-                    let m = visible(task * ROWS_PER_TASK + i, n, self.causal);
+                    let m = visible(task * ROWS_PER_TASK + i, n, &self.vis);
                     let (d, y, g) = (&mut d[..m], &y[..m], &g[..m]);
                     let dot: f32 = y.iter().zip(g).map(|(y, g)| y * g).sum();
                     for ((d, &y), &g) in d.iter_mut().zip(y).zip(g) {
@@ -290,35 +325,51 @@ mod tests {
     #[test]
     fn fused_softmax_matches_composed_softmax() -> Result<()> {
         let dev = Device::Cpu;
-        for causal in [false, true] {
+        // Row i of the prefix case sees (7i mod 70) + 1 columns: ragged, never empty.
+        let prefix: Vec<u32> = (0..70u32).map(|i| (i * 7) % 70 + 1).collect();
+        let cases = [
+            (Visibility::All, vec![70u32; 70]),
+            (Visibility::Causal, (1..=70u32).collect::<Vec<_>>()),
+            (
+                Visibility::Prefix(std::sync::Arc::new(prefix.clone())),
+                prefix,
+            ),
+        ];
+        for (vis, seen) in cases {
             // 2 × 3 × 70 rows: more than one rayon task, rows not a multiple of ROWS_PER_TASK.
             let x = Var::from_tensor(&Tensor::randn(0f32, 3.0, (2, 3, 70, 70), &dev)?)?;
             let g = Tensor::randn(0f32, 1.0, (2, 3, 70, 70), &dev)?;
-            let fused = softmax(x.as_tensor(), causal)?;
-            let mut composed_in = x.as_tensor().clone();
-            if causal {
-                let m: Vec<f32> = (0..70 * 70)
-                    .map(|i| {
-                        if i % 70 > i / 70 {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                composed_in = composed_in.broadcast_add(&Tensor::from_vec(m, (70, 70), &dev)?)?;
-            }
+            let fused = softmax_visible(x.as_tensor(), vis.clone())?;
+            // The composed reference: an explicit −∞ mask on the hidden columns.
+            let m: Vec<f32> = (0..70 * 70)
+                .map(|i| {
+                    if (i % 70) as u32 >= seen[i / 70] {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let composed_in =
+                x.as_tensor()
+                    .broadcast_add(&Tensor::from_vec(m.clone(), (70, 70), &dev)?)?;
             let composed = candle_nn::ops::softmax(&composed_in, D::Minus1)?;
             let diff = (&fused - &composed)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert!(diff < 1e-6, "forward differs by {diff} (causal {causal})");
-            if causal {
-                let upper = fused
-                    .i((.., .., 0, 1..))?
-                    .abs()?
-                    .max_all()?
-                    .to_scalar::<f32>()?;
-                assert_eq!(upper, 0.0, "masked columns must be exactly 0");
-            }
+            assert!(diff < 1e-6, "forward differs by {diff} ({vis:?})");
+            // Hidden columns are exactly 0.
+            let hidden = Tensor::from_vec(
+                m.iter()
+                    .map(|v| f32::from(u8::from(v.is_infinite())))
+                    .collect::<Vec<_>>(),
+                (70, 70),
+                &dev,
+            )?;
+            let leak = fused
+                .broadcast_mul(&hidden)?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()?;
+            assert_eq!(leak, 0.0, "masked columns must be exactly 0 ({vis:?})");
             let gf = (&fused * &g)?.sum_all()?.backward()?;
             let gc = (&composed * &g)?.sum_all()?.backward()?;
             let (gf, gc) = (
@@ -330,7 +381,7 @@ mod tests {
             assert!(scale > 1e-3, "the test's gradients must not vanish");
             assert!(
                 diff < 1e-5 * scale.max(1.0),
-                "gradient differs by {diff} (causal {causal})"
+                "gradient differs by {diff} ({vis:?})"
             );
         }
         Ok(())

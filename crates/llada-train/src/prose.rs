@@ -161,6 +161,7 @@ pub fn pretrain_batch(
         weights: Tensor::from_vec(w, (b, t), dev)?,
         tokens: b * t,
         causal: false,
+        two_stream: false,
     })
 }
 
@@ -175,6 +176,7 @@ pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
         weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
         tokens: b * t,
         causal: true,
+        two_stream: false,
     })
 }
 

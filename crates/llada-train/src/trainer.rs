@@ -3,7 +3,8 @@
 
 use crate::model::{Format, ModelSpec, TrainModel};
 use crate::objective::{
-    answer_region, diffusion_batch_padded, next_token_batch, shifted_next_token_batch, weighted_ce,
+    answer_region, diffusion_batch_padded, next_token_batch, shifted_next_token_batch,
+    two_stream_batch, weighted_ce,
 };
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
@@ -128,6 +129,9 @@ pub struct TaskData {
     /// ([`crate::objective::shifted_next_token_batch`]), LLaDA as plain next-token
     /// prediction ([`crate::objective::next_token_batch`]; since stop 17).
     pub ar_warmup: f64,
+    /// LLaDA's warm-up in its own alignment ([`crate::objective::two_stream_batch`]: output
+    /// `i` predicts token `i` from a mask at `i`) instead of plain next-token prediction.
+    pub two_stream: bool,
     /// Diffusion rows: EOS-pad answers to multiples of this many tokens (0: off), the lengths
     /// `llada eval` decodes ([`crate::objective::layout_padded`]). Held-out batches keep the
     /// unpadded layout.
@@ -182,7 +186,7 @@ impl DataSource for TaskData {
             ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
         }
         let structured = if heldout { 0.0 } else { self.structured };
-        encode(&ex, spec, ar, structured, pad, rng, dev)
+        encode(&ex, spec, ar, self.two_stream, structured, pad, rng, dev)
     }
     /// One batch per task and length quarter (`batch / 4` held-out rows each, at least 1),
     /// each with independent masks. Since stop 16; before, one batch mixed every task and
@@ -208,7 +212,7 @@ impl DataSource for TaskData {
             let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
-                out.push(encode(band, spec, false, 0.0, 0, rng, dev)?);
+                out.push(encode(band, spec, false, false, 0.0, 0, rng, dev)?);
             }
         }
         Ok(out)
@@ -235,10 +239,12 @@ impl DataSource for TaskData {
 /// Task examples as the batch `spec`'s objective trains on: next-token rows for LLaMA drafts
 /// and, with `ar`, for a diffusion model's autoregressive warm-up; masked-diffusion rows (a
 /// fraction `structured` with contiguous masks) otherwise.
+#[allow(clippy::too_many_arguments)]
 fn encode(
     ex: &[Example],
     spec: &ModelSpec,
     ar: bool,
+    two_stream: bool,
     structured: f64,
     pad_to: usize,
     rng: &mut rand::rngs::StdRng,
@@ -250,6 +256,7 @@ fn encode(
         // LLaDA has no shifted head: its warm-up is plain next-token prediction with causal
         // attention (output `i` predicts token `i + 1`), so the masked-diffusion phase has to
         // move each prediction one position right — one attention head's job.
+        Format::LLaDA if ar && two_stream => two_stream_batch(ex, spec.mask_id, dev)?,
         Format::LLaDA if ar => next_token_batch(ex, dev)?,
         f => diffusion_batch_padded(
             ex,
@@ -306,6 +313,7 @@ pub fn distill_batch(
         weights: Tensor::from_vec(vec![1.0 / t as f32; b * t], (b, t), dev)?,
         tokens: b * t,
         causal: true,
+        two_stream: false,
     })
 }
 
@@ -396,7 +404,12 @@ pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
 
 fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_core::Tensor> {
     let s = &model.spec;
-    let logits = model.forward(&b.ids, b.causal || s.format == Format::Llama)?;
+    let logits = if b.two_stream {
+        let (positions, vis) = crate::objective::two_stream_layout(b.ids.dim(1)? / 2);
+        model.forward_with(&b.ids, Some(&positions), vis)?
+    } else {
+        model.forward(&b.ids, b.causal || s.format == Format::Llama)?
+    };
     Ok(weighted_ce(&logits, b, s.format == Format::Dream)?)
 }
 
@@ -443,6 +456,7 @@ pub fn train_tasks(
         max_scale: 1.0,
         structured: 0.0,
         ar_warmup: 0.0,
+        two_stream: false,
         pad_answers: 0,
     };
     train(spec, opts, out, resume, quiet, &mut data)

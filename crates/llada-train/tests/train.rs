@@ -106,6 +106,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 max_scale: 1.0,
                 structured: 0.5,
                 ar_warmup: 0.0,
+                two_stream: false,
                 pad_answers: 0,
             },
             &dir,
@@ -507,6 +508,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         max_scale: 0.1,
         structured: 0.0,
         ar_warmup: 0.0,
+        two_stream: false,
         pad_answers: 0,
     };
     let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
@@ -592,6 +594,7 @@ fn token_budget_trims_long_batches_only() {
         max_scale: 1.0,
         structured: 0.0,
         ar_warmup: 0.0,
+        two_stream: false,
         pad_answers: 0,
     };
     for step in 0..6 {
@@ -639,4 +642,77 @@ fn token_budget_trims_long_batches_only() {
         lens[4..].iter().all(|&l| l == lens[4] && l < lens[3]),
         "{lens:?}"
     );
+}
+
+/// The two-stream warm-up (`two_stream_batch`): query `i` predicts token `i` from the tokens
+/// left of `i` only. Changing the token at position `j` leaves every query `≤ j` bit-identical
+/// and changes some query `> j`; and query `i`'s logits equal those of a separate pass over
+/// `tokens[..i]` followed by one mask at `i` (the same prediction computed without the
+/// two-stream trick: causal, the mask not seeing itself). Targets and weights: token `i` at query `i`, `1/L` on the answer.
+#[test]
+fn two_stream_queries_see_only_their_left_context() {
+    use llada_train::objective::{two_stream_batch, two_stream_layout};
+    let dev = Device::Cpu;
+    let model = TrainModel::new(spec(Format::LLaDA), &dev, 3).unwrap();
+    let mut g = TaskGen::new(8, false);
+    g.scale = 0.3;
+    let ex = vec![g.next(Some("add"))];
+    let b = two_stream_batch(&ex, MASK, &dev).unwrap();
+    let ids: Vec<u32> = b.ids.flatten_all().unwrap().to_vec1().unwrap();
+    let t = ids.len() / 2;
+    assert!(ids[t..].iter().all(|&x| x == MASK));
+    let tg: Vec<u32> = b.targets.flatten_all().unwrap().to_vec1().unwrap();
+    let w: Vec<f32> = b.weights.flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(&tg[t..], &ids[..t]);
+    assert!(w[..t].iter().all(|&x| x == 0.0));
+    let start = 1 + CharVocab::encode(&ex[0].prompt).len();
+    let l = (t - start) as f32;
+    for (i, &wi) in w[t..].iter().enumerate() {
+        assert_eq!(wi, if i >= start { 1.0 / l } else { 0.0 });
+    }
+    let (pos, vis) = two_stream_layout(t);
+    let run = |ids: &[u32]| -> Vec<Vec<f32>> {
+        let x = Tensor::from_vec(ids.to_vec(), (1, 2 * t), &dev).unwrap();
+        let lg = model.forward_with(&x, Some(&pos), vis.clone()).unwrap();
+        lg.squeeze(0).unwrap().to_vec2().unwrap()
+    };
+    let base = run(&ids);
+    let j = start + 2;
+    let mut alt = ids.clone();
+    alt[j] = if alt[j] == 5 { 6 } else { 5 };
+    let other = run(&alt);
+    for i in 1..t {
+        if i <= j {
+            assert_eq!(base[t + i], other[t + i], "query {i} saw position {j}");
+        }
+    }
+    assert!(
+        (j + 1..t).any(|i| base[t + i] != other[t + i]),
+        "nothing saw position {j}"
+    );
+    // Query i against a one-stream pass over tokens[..i] + a mask at position i, causal
+    // except that the mask does not see itself (as a query does not).
+    for i in [start, start + 3, t - 1] {
+        let mut seq = ids[..i].to_vec();
+        seq.push(MASK);
+        let x = Tensor::from_vec(seq, (1, i + 1), &dev).unwrap();
+        let table: Vec<u32> = (1..=i as u32).chain([i as u32]).collect();
+        let lg: Vec<Vec<f32>> = model
+            .forward_with(
+                &x,
+                None,
+                llada_train::ops::Visibility::Prefix(std::sync::Arc::new(table)),
+            )
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let diff = lg[i]
+            .iter()
+            .zip(&base[t + i])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-4, "query {i}: {diff}");
+    }
 }
