@@ -341,6 +341,10 @@ struct SpecRun {
     /// `scripts/trace_lanes.py` gives the same from a `--trace` file).
     draft_util: f64,
     verify_util: f64,
+    /// AHASD with TVC: tokens pre-verified on the draft lane, and idle moments where no
+    /// pre-verification fit the verifier's predicted time left.
+    preverified: usize,
+    tvc_skips: usize,
 }
 
 /// Bench prompts, alternating prose continuations (raw text, no template: held-out-style
@@ -469,6 +473,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             compute_saved: 0.0,
             draft_util: 0.0,
             verify_util: 1.0,
+            preverified: 0,
+            tvc_skips: 0,
         });
         for draft in &a.drafts {
             let src = match DraftSource::load(draft, &target) {
@@ -555,6 +561,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     compute_saved: saved as f64 / total_rows.max(1) as f64,
                     draft_util: busy_d / s,
                     verify_util: busy_v / s,
+                    preverified: 0,
+                    tvc_skips: 0,
                 });
             }
             // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
@@ -567,7 +575,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 pb.set_message(format!("{budget}: {name} ({draft})"));
                 reset_peak_rss();
                 let (mut s, mut toks, mut acc, mut passes, mut same) = (0.0, 0, 0, 0, 0);
-                let (mut busy_d, mut busy_v) = (0.0, 0.0);
+                let (mut busy_d, mut busy_v, mut pre, mut skips) = (0.0, 0.0, 0, 0);
                 let b0 = streamed(&target);
                 for (p, want) in prompts.iter().zip(&reference) {
                     let mut d = src.drafter(&target, &dlane, 0.0)?;
@@ -590,6 +598,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     s += o.total_s - o.prefill_s;
                     busy_d += o.draft_busy_s;
                     busy_v += o.verify_busy_s;
+                    pre += o.preverified;
+                    skips += o.tvc_skips;
                     toks += o.tokens.len();
                     acc += o.accepted;
                     passes += o.verify_passes;
@@ -612,6 +622,8 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     compute_saved: 0.0,
                     draft_util: busy_d / s,
                     verify_util: busy_v / s,
+                    preverified: pre,
+                    tvc_skips: skips,
                 });
             }
         }

@@ -111,41 +111,74 @@ impl Edc {
     }
 }
 
-/// TVC's model of the verifier: recent (seconds per token, KV length) records.
+/// TVC's model of the verifier: its recent passes as (seconds, tokens, KV length) records.
+///
+/// BRIEF's rule prices a pass per token (`time left / per-token cost`). A pass of a target
+/// whose weights are streamed from storage costs its weight reads whatever its width, so a
+/// per-token price calls a one-token pre-verification cheap when it costs a whole pass (and
+/// reads every streamed weight a second time, competing with the verifier's own reads). The
+/// records are therefore fitted as `cost(n) = fixed + n · per_token` (least squares over the
+/// records, both terms ≥ 0; with one pass width only, `fixed` = 0 and BRIEF's per-token price),
+/// scaled by KV length; a pre-verification runs only when one token fits in the time left.
 #[derive(Debug, Clone, Default)]
 pub struct Tvc {
-    records: VecDeque<(f64, usize)>,
+    records: VecDeque<(f64, usize, usize)>,
 }
 
 impl Tvc {
     pub fn record(&mut self, secs: f64, tokens: usize, kv_len: usize) {
-        self.records
-            .push_back((secs / tokens.max(1) as f64, kv_len));
+        self.records.push_back((secs, tokens.max(1), kv_len));
         while self.records.len() > 8 {
             self.records.pop_front();
         }
     }
-    /// Predicted seconds per verified token at `kv_len` (linear in KV length through the
-    /// records' mean; `None` before any record).
-    pub fn per_token(&self, kv_len: usize) -> Option<f64> {
+    /// `(fixed, per_token)` seconds of a pass at `kv_len` (`None` before any record).
+    pub fn cost_model(&self, kv_len: usize) -> Option<(f64, f64)> {
         if self.records.is_empty() {
             return None;
         }
         let n = self.records.len() as f64;
-        let (t, k) = self
+        let mean =
+            |f: &dyn Fn(&(f64, usize, usize)) -> f64| self.records.iter().map(f).sum::<f64>() / n;
+        let (mt, mn, mk) = (mean(&|r| r.0), mean(&|r| r.1 as f64), mean(&|r| r.2 as f64));
+        let sxx = self
             .records
             .iter()
-            .fold((0.0, 0.0), |(a, b), (t, k)| (a + t, b + *k as f64));
-        let (t, k) = (t / n, k / n);
-        Some(t * (kv_len as f64 / k.max(1.0)).max(0.5))
+            .map(|r| (r.1 as f64 - mn).powi(2))
+            .sum::<f64>();
+        let sxy = self
+            .records
+            .iter()
+            .map(|r| (r.1 as f64 - mn) * (r.0 - mt))
+            .sum::<f64>();
+        let (fixed, per) = if sxx > 0.0 {
+            let b = (sxy / sxx).max(0.0);
+            let a = (mt - b * mn).max(0.0);
+            // A negative intercept clipped to 0: refit the slope through the origin.
+            if a == 0.0 {
+                (0.0, mt / mn)
+            } else {
+                (a, b)
+            }
+        } else {
+            (0.0, mt / mn)
+        };
+        let scale = (kv_len as f64 / mk.max(1.0)).max(0.5);
+        Some((fixed * scale, per * scale))
     }
-    /// Pre-verification length: time left over per-token cost, clamped to [1, min(8, pending)].
-    pub fn preverify_len(time_left: f64, per_token: f64, pending: usize) -> usize {
+    /// Predicted seconds of a pass of `tokens` tokens at `kv_len`.
+    pub fn pass_cost(&self, tokens: usize, kv_len: usize) -> Option<f64> {
+        self.cost_model(kv_len).map(|(a, b)| a + b * tokens as f64)
+    }
+    /// Pre-verification length for `time_left` seconds and a pass costing `fixed + n ·
+    /// per_token`: as many tokens as fit, clamped to [1, min(8, pending)] — and 0 when not
+    /// even one fits (with `fixed` = 0 this is BRIEF's `time left / per-token cost` rule).
+    pub fn preverify_len(time_left: f64, fixed: f64, per_token: f64, pending: usize) -> usize {
         let hi = pending.min(8);
-        if hi == 0 {
+        if hi == 0 || (fixed > 0.0 && time_left < fixed + per_token) {
             return 0;
         }
-        ((time_left / per_token.max(1e-9)) as usize).clamp(1, hi)
+        (((time_left - fixed) / per_token.max(1e-9)) as usize).clamp(1, hi)
     }
 }
 
@@ -175,6 +208,8 @@ pub struct AsyncOutput {
     pub discarded: usize,
     pub preverified: usize,
     pub edc_stops: usize,
+    /// Idle moments where TVC found no pre-verification that fits the verifier's time left.
+    pub tvc_skips: usize,
     pub draft_busy_s: f64,
     pub verify_busy_s: f64,
     pub total_s: f64,
@@ -420,12 +455,16 @@ pub fn generate(
                         Some(st) => s.verify_expected - st.elapsed().as_secs_f64(),
                         None => 0.0,
                     };
-                    let per = s.tvc.per_token(s.committed.len());
-                    let n = match per {
-                        Some(p) if left > 0.0 => Tvc::preverify_len(left, p, s.pending.len()),
+                    let n = match s.tvc.cost_model(s.committed.len()) {
+                        Some((a, b)) if left > 0.0 => {
+                            Tvc::preverify_len(left, a, b, s.pending.len())
+                        }
                         _ => 0,
                     }
                     .min(MAX_PREVERIFY);
+                    if n == 0 && left > 0.0 && !s.pending.is_empty() {
+                        s.out.tvc_skips += 1;
+                    }
                     let chain: Vec<u32> = s.pending.iter().take(n).map(|p| p.token).collect();
                     (chain, s.committed.clone(), s.epoch)
                 };
@@ -481,8 +520,8 @@ pub fn generate(
             s.verify_started = Some(Instant::now());
             s.verify_expected = s
                 .tvc
-                .per_token(s.committed.len())
-                .map_or(0.0, |p| p * (chain.len() + 1) as f64);
+                .pass_cost(chain.len() + 1, s.committed.len())
+                .unwrap_or(0.0);
             (s.committed.clone(), chain, s.epoch)
         };
         let t = Instant::now();
@@ -705,14 +744,30 @@ mod tests {
 
     #[test]
     fn tvc_clamps_the_length() {
-        assert_eq!(Tvc::preverify_len(0.010, 0.001, 20), 8);
-        assert_eq!(Tvc::preverify_len(0.010, 0.001, 3), 3);
-        assert_eq!(Tvc::preverify_len(0.0001, 0.001, 5), 1);
-        assert_eq!(Tvc::preverify_len(1.0, 0.001, 0), 0);
+        // No fixed cost: BRIEF's rule, time left / per-token cost in [1, min(8, pending)].
+        assert_eq!(Tvc::preverify_len(0.010, 0.0, 0.001, 20), 8);
+        assert_eq!(Tvc::preverify_len(0.010, 0.0, 0.001, 3), 3);
+        assert_eq!(Tvc::preverify_len(0.0001, 0.0, 0.001, 5), 1);
+        assert_eq!(Tvc::preverify_len(1.0, 0.0, 0.001, 0), 0);
+        // A pass with a fixed cost (streamed weights): what fits after it, or nothing.
+        assert_eq!(Tvc::preverify_len(0.1055, 0.100, 0.001, 20), 5);
+        assert_eq!(Tvc::preverify_len(0.050, 0.100, 0.001, 20), 0);
         let mut t = Tvc::default();
-        assert!(t.per_token(100).is_none());
+        assert!(t.cost_model(100).is_none());
+        // One pass width: no fixed part, the per-token price of the records.
         t.record(0.02, 2, 100);
-        assert!((t.per_token(100).unwrap() - 0.01).abs() < 1e-9);
-        assert!(t.per_token(200).unwrap() > t.per_token(100).unwrap());
+        assert_eq!(t.cost_model(100), Some((0.0, 0.01)));
+        assert!(t.pass_cost(3, 200).unwrap() > t.pass_cost(3, 100).unwrap());
+        // Passes of 1, 3 and 5 tokens costing 0.1 + 0.002 n: the fit recovers both terms.
+        let mut t = Tvc::default();
+        for n in [1usize, 3, 5, 3] {
+            t.record(0.1 + 0.002 * n as f64, n, 100);
+        }
+        let (a, b) = t.cost_model(100).unwrap();
+        assert!(
+            (a - 0.1).abs() < 1e-9 && (b - 0.002).abs() < 1e-9,
+            "{a} {b}"
+        );
+        assert!((t.pass_cost(4, 100).unwrap() - 0.108).abs() < 1e-9);
     }
 }
