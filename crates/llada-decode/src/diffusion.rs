@@ -254,8 +254,8 @@ fn score(logits: &[f32], conf: Confidence, tok: u32, rng: &mut StdRng) -> f32 {
     }
 }
 
-/// The diffusion decoder on one lane (no concurrent sparse lane: revision, if enabled, runs
-/// on a scoped thread of the global pool).
+/// The diffusion decoder on one lane (revision, if enabled and concurrent, is joined onto
+/// that lane's threads).
 pub fn generate(
     model: &Model,
     lane: &Lane,
@@ -328,9 +328,11 @@ fn dense_plan(
     }
 }
 
-/// The diffusion decoder: every strategy is an option of this one loop. `sparse` is the lane
-/// the revision pass runs on (concurrently with `dense` when `Revision::concurrent`);
-/// `observe` is called after every step.
+/// The diffusion decoder: every strategy is an option of this one loop. With
+/// `Revision::concurrent`, the revision pass runs at the same time as the dense pass: on
+/// `sparse`, a pool of its own, or (`None`) on the dense lane's threads through a
+/// work-stealing join ([`Lane::join`]; no oversubscription where the cores are few); without
+/// it, after the dense pass. `observe` is called after every step.
 pub fn generate_with(
     model: &Model,
     dense: &Lane,
