@@ -172,6 +172,21 @@ fn bad_input_is_a_clear_error() {
             &[
                 "train",
                 "--preset",
+                "tiny-dream-tasks",
+                "--ar-warmup",
+                "0.5",
+                "--two-stream",
+            ],
+            "--two-stream applies",
+        ),
+        (
+            &["train", "--preset", "tiny-llada-tasks", "--two-stream"],
+            "--two-stream applies",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
                 "tiny-llada-tasks",
                 "--tasks",
                 "add,mul",
