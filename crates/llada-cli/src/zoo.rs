@@ -58,7 +58,8 @@ pub struct TrainArgs {
     #[arg(long)]
     init_std: Option<f64>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
-    /// checkpoint; `--resume` continues.
+    /// checkpoint; `--resume` continues [default: 55 for tiny-llada-tasks and
+    /// tiny-dream-tasks, their cards' budget; none otherwise].
     #[arg(long)]
     minutes: Option<f64>,
     /// Drafts: train on a target model's greedy choices (hard distillation) instead of the
@@ -89,20 +90,23 @@ pub struct TrainArgs {
     /// Diffusion task models: train autoregressively (causal attention, next token) for this
     /// fraction of the run before the diffusion objective, as Dream-7B starts from an
     /// autoregressive model. Dream's shifted logits already predict position i from output
-    /// i − 1; a LLaDA model's output i predicts token i + 1 during the warm-up and learns the
-    /// one-position move afterwards [default: 0].
+    /// i − 1; a LLaDA model's output i predicts token i + 1 during the warm-up unless
+    /// --two-stream [default: 0.5 for tiny-llada-tasks and tiny-dream-tasks, their cards'
+    /// recipe; 0 for tiny-ar-tasks].
     #[arg(long)]
     ar_warmup: Option<f64>,
     /// LLaDA task models: run the --ar-warmup in LLaDA's own alignment — output i predicts
     /// token i from a mask at i and the tokens left of it (two-stream attention: each row is
     /// trained as a content stream and a query stream of masks, twice the columns) — instead
-    /// of plain next-token prediction.
-    #[arg(long)]
-    two_stream: bool,
+    /// of plain next-token prediction (`--two-stream false`) [default: true for
+    /// tiny-llada-tasks with a warm-up].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    two_stream: Option<bool>,
     /// Diffusion task models: EOS-pad each training answer to a multiple of N tokens, the
     /// generation lengths `llada eval` decodes with (answer + 1 rounded up to 32-token blocks),
     /// so the model learns long EOS tails instead of meeting them first at decode time
-    /// [default: 0 = pad only to the batch's longest answer].
+    /// [default: 32 for tiny-llada-tasks and tiny-dream-tasks, their cards' recipe; 0 = pad
+    /// only to the batch's longest answer otherwise].
     #[arg(long)]
     pad_answers: Option<usize>,
     /// Save a checkpoint every N steps.
@@ -172,8 +176,9 @@ fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
         init_std: 0.08,
     };
     Ok(match name {
-        "tiny-llada-tasks" => (base(Format::LLaDA, 4), 3000),
-        "tiny-dream-tasks" => (base(Format::Dream, 2), 3000),
+        // The cards' step count (the 55-minute budget ends the run first on 2 cores).
+        "tiny-llada-tasks" => (base(Format::LLaDA, 4), 12000),
+        "tiny-dream-tasks" => (base(Format::Dream, 2), 12000),
         // Autoregressive control on the same tasks (checks the trainer independently of diffusion).
         "tiny-ar-tasks" => (base(Format::Llama, 4), 3000),
         other => bail!("unknown preset '{other}' (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks, tiny-llada-prose, smollm2-draft)"),
@@ -513,7 +518,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         if !a.tasks.is_empty()
             || a.structured_masks.is_some()
             || a.ar_warmup.is_some()
-            || a.two_stream
+            || a.two_stream.is_some()
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
         {
@@ -535,7 +540,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
-    let opts = a.options(steps, 0.6);
+    // The cards' recipe is the default of the two diffusion task presets (a bare `llada train
+    // --preset tiny-llada-tasks` re-trains the shipped model); every part can be overridden.
+    let card = matches!(a.preset.as_str(), "tiny-llada-tasks" | "tiny-dream-tasks");
+    let mut opts = a.options(steps, 0.6);
+    if card && a.minutes.is_none() {
+        opts.time_budget_s = Some(55.0 * 60.0);
+    }
     eprintln!(
         "training {} -> {} ({} steps, batch {})",
         a.preset,
@@ -559,14 +570,18 @@ pub fn train(a: TrainArgs) -> Result<()> {
     }
     let (structured, ar_warmup) = (
         a.structured_masks.unwrap_or(0.5),
-        a.ar_warmup.unwrap_or(0.0),
+        a.ar_warmup.unwrap_or(if card { 0.5 } else { 0.0 }),
     );
+    let pad_answers = a.pad_answers.unwrap_or(if card { 32 } else { 0 });
     if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
-    if a.two_stream && (spec.format != Format::LLaDA || ar_warmup == 0.0) {
+    if a.two_stream == Some(true) && (spec.format != Format::LLaDA || ar_warmup == 0.0) {
         bail!("--two-stream applies to the --ar-warmup of LLaDA task models (tiny-llada-tasks)");
     }
+    let two_stream = a
+        .two_stream
+        .unwrap_or(spec.format == Format::LLaDA && ar_warmup > 0.0);
     if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0)) && spec.format == Format::Llama {
         bail!(
             "--ar-warmup and --pad-answers apply to diffusion models (tiny-llada-tasks, \
@@ -582,8 +597,8 @@ pub fn train(a: TrainArgs) -> Result<()> {
         max_scale: a.max_scale,
         structured,
         ar_warmup,
-        two_stream: a.two_stream,
-        pad_answers: a.pad_answers.unwrap_or(0),
+        two_stream,
+        pad_answers,
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

@@ -180,7 +180,14 @@ fn bad_input_is_a_clear_error() {
             "--two-stream applies",
         ),
         (
-            &["train", "--preset", "tiny-llada-tasks", "--two-stream"],
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--ar-warmup",
+                "0",
+                "--two-stream",
+            ],
             "--two-stream applies",
         ),
         (
