@@ -138,30 +138,22 @@ impl Tvc {
             return None;
         }
         let n = self.records.len() as f64;
-        let mean =
-            |f: &dyn Fn(&(f64, usize, usize)) -> f64| self.records.iter().map(f).sum::<f64>() / n;
-        let (mt, mn, mk) = (mean(&|r| r.0), mean(&|r| r.1 as f64), mean(&|r| r.2 as f64));
-        let sxx = self
-            .records
-            .iter()
-            .map(|r| (r.1 as f64 - mn).powi(2))
-            .sum::<f64>();
-        let sxy = self
-            .records
-            .iter()
-            .map(|r| (r.1 as f64 - mn) * (r.0 - mt))
-            .sum::<f64>();
-        let (fixed, per) = if sxx > 0.0 {
-            let b = (sxy / sxx).max(0.0);
-            let a = (mt - b * mn).max(0.0);
-            // A negative intercept clipped to 0: refit the slope through the origin.
-            if a == 0.0 {
-                (0.0, mt / mn)
-            } else {
-                (a, b)
+        let mk = self.records.iter().map(|r| r.2 as f64).sum::<f64>() / n;
+        let f = super::fit_line(self.records.iter().map(|r| (r.1 as f64, r.0)));
+        // Without a usable slope (one pass width, or a negative intercept clipped to 0): the
+        // line through the origin, BRIEF's per-token price.
+        let through_origin = (0.0, f.mean_y / f.mean_x);
+        let (fixed, per) = match f.slope {
+            Some(slope) => {
+                let b = slope.max(0.0);
+                let a = (f.mean_y - b * f.mean_x).max(0.0);
+                if a == 0.0 {
+                    through_origin
+                } else {
+                    (a, b)
+                }
             }
-        } else {
-            (0.0, mt / mn)
+            None => through_origin,
         };
         let scale = (kv_len as f64 / mk.max(1.0)).max(0.5);
         Some((fixed * scale, per * scale))

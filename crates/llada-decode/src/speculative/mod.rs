@@ -333,29 +333,43 @@ pub(crate) fn append_context(
     Ok(())
 }
 
+/// A least-squares line `y = mean_y + slope · (x − mean_x)`: callers clamp the slope, then
+/// take the intercept `mean_y − slope · mean_x` from it.
+pub(crate) struct LineFit {
+    pub mean_x: f64,
+    pub mean_y: f64,
+    /// Unclamped; `None` when the x values do not vary.
+    pub slope: Option<f64>,
+}
+
+/// Least squares over `points` (non-empty) — the fit behind Lever's cost model ([`refit`]) and
+/// AHASD's TVC ([`ahasd::Tvc`]).
+pub(crate) fn fit_line(points: impl Iterator<Item = (f64, f64)> + Clone) -> LineFit {
+    let n = points.clone().count().max(1) as f64;
+    let (sx, sy) = points
+        .clone()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for (x, y) in points {
+        sxx += (x - mx) * (x - mx);
+        sxy += (x - mx) * (y - my);
+    }
+    LineFit {
+        mean_x: mx,
+        mean_y: my,
+        slope: (sxx >= 1e-9).then(|| sxy / sxx),
+    }
+}
+
 /// Least-squares fit of `seconds = io_s + rows · token_s` over the measured passes (falls back
 /// to the previous model when the rows do not vary).
 fn refit(samples: &[(f64, f64)], prev: CostModel) -> CostModel {
     let recent = &samples[samples.len().saturating_sub(64)..];
-    let n = recent.len() as f64;
-    let (sx, sy) = recent
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let (mut sxx, mut sxy) = (0.0, 0.0);
-    for (x, y) in recent {
-        sxx += (x - mx) * (x - mx);
-        sxy += (x - mx) * (y - my);
-    }
-    if sxx < 1e-9 {
-        return CostModel {
-            io_s: (my - mx * prev.token_s).max(1e-6),
-            token_s: prev.token_s,
-        };
-    }
-    let token_s = (sxy / sxx).max(1e-7);
+    let f = fit_line(recent.iter().copied());
+    let token_s = f.slope.map_or(prev.token_s, |b| b.max(1e-7));
     CostModel {
-        io_s: (my - token_s * mx).max(1e-6),
+        io_s: (f.mean_y - token_s * f.mean_x).max(1e-6),
         token_s,
     }
 }
