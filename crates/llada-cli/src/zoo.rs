@@ -58,8 +58,8 @@ pub struct TrainArgs {
     #[arg(long)]
     init_std: Option<f64>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
-    /// checkpoint; `--resume` continues [default: 55 for tiny-llada-tasks and
-    /// tiny-dream-tasks, their cards' budget; none otherwise].
+    /// checkpoint; `--resume` continues [default: 55 for tiny-llada-tasks, tiny-dream-tasks and
+    /// tiny-llada-prose, their cards' budget; none otherwise].
     #[arg(long)]
     minutes: Option<f64>,
     /// Drafts: train on a target model's greedy choices (hard distillation) instead of the
@@ -87,19 +87,19 @@ pub struct TrainArgs {
     /// [default: 0.5].
     #[arg(long)]
     structured_masks: Option<f64>,
-    /// Diffusion task models: train autoregressively (causal attention, next token) for this
-    /// fraction of the run before the diffusion objective, as Dream-7B starts from an
-    /// autoregressive model. Dream's shifted logits already predict position i from output
-    /// i − 1; a LLaDA model's output i predicts token i + 1 during the warm-up unless
-    /// --two-stream [default: 0.5 for tiny-llada-tasks and tiny-dream-tasks, their cards'
-    /// recipe; 0 for tiny-ar-tasks].
+    /// Diffusion models (task presets and tiny-llada-prose): train autoregressively (causal
+    /// attention, next token) for this fraction of the run before the diffusion objective, as
+    /// Dream-7B starts from an autoregressive model. Dream's shifted logits already predict
+    /// position i from output i − 1; a LLaDA model's output i predicts token i + 1 during the
+    /// warm-up unless --two-stream [default: 0.5 for tiny-llada-tasks, tiny-dream-tasks and
+    /// tiny-llada-prose, their cards' recipe; 0 for tiny-ar-tasks].
     #[arg(long)]
     ar_warmup: Option<f64>,
-    /// LLaDA task models: run the --ar-warmup in LLaDA's own alignment — output i predicts
-    /// token i from a mask at i and the tokens left of it (two-stream attention: each row is
-    /// trained as a content stream and a query stream of masks, twice the columns) — instead
-    /// of plain next-token prediction (`--two-stream false`) [default: true for
-    /// tiny-llada-tasks with a warm-up].
+    /// LLaDA models: run the --ar-warmup in LLaDA's own alignment — output i predicts token i
+    /// from a mask at i and the tokens left of it (two-stream attention: each row is trained
+    /// as a content stream and a query stream of masks, twice the columns) — instead of plain
+    /// next-token prediction (`--two-stream false`) [default: true for tiny-llada-tasks and
+    /// tiny-llada-prose with a warm-up].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     two_stream: Option<bool>,
     /// Diffusion task models: EOS-pad each training answer to a multiple of N tokens, the
@@ -312,7 +312,21 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
             llada_train::prose::to_rows(&row, ids.len() as u32, y);
         }
     }
-    let opts = a.options(steps, 1.0);
+    let mut opts = a.options(steps, 1.0);
+    // The card's recipe is the default of tiny-llada-prose (a bare `llada train --preset
+    // tiny-llada-prose` re-trains the shipped model): 55 minutes, the first half a two-stream
+    // warm-up.
+    let diffusion = a.preset == "tiny-llada-prose";
+    if diffusion && a.minutes.is_none() {
+        opts.time_budget_s = Some(55.0 * 60.0);
+    }
+    let ar_warmup = a.ar_warmup.unwrap_or(if diffusion { 0.5 } else { 0.0 });
+    if !(0.0..1.0).contains(&ar_warmup) {
+        bail!("--ar-warmup must be in [0, 1)");
+    }
+    if a.two_stream == Some(true) && ar_warmup == 0.0 {
+        bail!("--two-stream needs an --ar-warmup > 0");
+    }
     let mut data = ProseData {
         corpus,
         tokenizer,
@@ -320,6 +334,8 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         seq_len,
         reduced_vocab,
         distill,
+        ar_warmup,
+        two_stream: a.two_stream.unwrap_or(ar_warmup > 0.0),
     };
     let st = train_with(spec, opts, out, a.resume, false, &mut data)?;
     report(&st);
@@ -517,14 +533,18 @@ pub fn train(a: TrainArgs) -> Result<()> {
         // Task-model options would otherwise be accepted and silently ignored.
         if !a.tasks.is_empty()
             || a.structured_masks.is_some()
-            || a.ar_warmup.is_some()
-            || a.two_stream.is_some()
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
         {
             bail!(
-                "--tasks, --structured-masks, --ar-warmup, --two-stream, --batch-tokens and --pad-answers apply to the task presets \
+                "--tasks, --structured-masks, --batch-tokens and --pad-answers apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
+                a.preset
+            );
+        }
+        if a.preset != "tiny-llada-prose" && (a.ar_warmup.is_some() || a.two_stream.is_some()) {
+            bail!(
+                "--ar-warmup and --two-stream apply to the diffusion presets, not to {}",
                 a.preset
             );
         }

@@ -32,7 +32,8 @@ pub enum TokenState {
 /// Multi-block speculative decoding options.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MultiBlock {
-    /// Window length the dense lane is kept at once lookahead starts (a shape, e.g. 32).
+    /// The execution window's length: the most rows the dense lane recomputes per pass, and
+    /// what it is kept at once lookahead starts (a shape, e.g. 16).
     pub window: usize,
     /// Extend into future blocks when the current block has fewer masked positions than this.
     pub lookahead: usize,
@@ -107,6 +108,14 @@ pub fn plan(
         // Adaptive lookahead: keep the dense lane at `window` tokens.
         end = end.max(start + mb.window);
     }
+    // The window is a fixed-size execution window: never more than `window` rows (on a CPU a
+    // pass costs its rows, so rows far right of the frontier, which rarely reach the
+    // threshold, are not recomputed every step), but always holding a masked position.
+    let first_masked = states
+        .iter()
+        .position(|s| *s == TokenState::Invisible)
+        .unwrap_or(start);
+    let end = end.min(start + mb.window).max(first_masked + 1);
     let max = *WINDOW_SHAPES.last().unwrap_or(&256);
     let end = end.min(gen).min(start + max).max(start + 1);
     Some(Window {
@@ -159,6 +168,20 @@ mod tests {
         d[5] = false;
         let w = plan(&s, &d, 8, Some(&mb)).unwrap();
         assert_eq!((w.start, w.end, w.shape, w.padding()), (4, 8, 8, 4));
+        // A window never exceeds `window` rows, even inside the current block ...
+        let mb8 = MultiBlock {
+            window: 8,
+            lookahead: 3,
+        };
+        let mut s = vec![Invisible; 32];
+        let w = plan(&s, &[false; 32], 16, Some(&mb8)).unwrap();
+        assert_eq!((w.start, w.end, w.shape), (0, 8, 8));
+        // ... but always holds the first masked position, past a run of dirty commits.
+        s[..10].iter_mut().for_each(|x| *x = Visible);
+        let mut d = vec![false; 32];
+        d[..10].iter_mut().for_each(|x| *x = true);
+        let w = plan(&s, &d, 16, Some(&mb8)).unwrap();
+        assert_eq!((w.start, w.end, w.shape), (0, 11, 16));
         // Near the end of the answer the window is clipped.
         let mut s = vec![Stable; 32];
         s[30] = Invisible;

@@ -222,11 +222,23 @@ fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Ba
 /// carries no loss. Positions and visibility: [`two_stream_layout`].
 pub fn two_stream_batch(examples: &[Example], mask_id: u32, dev: &Device) -> Result<Batch> {
     let (rows, starts) = layout(examples, 1);
+    two_stream_rows(&rows, &starts, mask_id, dev)
+}
+
+/// [`two_stream_batch`] over token rows of one length: query `i` of row `r` carries the loss
+/// `1/(t − starts[r])` from `starts[r]` on (the answer start; 1 for prose windows, whose
+/// position 0 has no left context).
+pub fn two_stream_rows(
+    rows: &[Vec<u32>],
+    starts: &[usize],
+    mask_id: u32,
+    dev: &Device,
+) -> Result<Batch> {
     let (b, t) = (rows.len(), rows[0].len());
     let mut ids: Vec<u32> = Vec::with_capacity(b * 2 * t);
     let mut tg: Vec<u32> = Vec::with_capacity(b * 2 * t);
     let mut w: Vec<f32> = Vec::with_capacity(b * 2 * t);
-    for (row, &s) in rows.iter().zip(&starts) {
+    for (row, &s) in rows.iter().zip(starts) {
         let l = (t - s) as f32;
         ids.extend(row);
         ids.extend(std::iter::repeat_n(mask_id, t));

@@ -165,6 +165,21 @@ pub fn pretrain_batch(
     })
 }
 
+/// Two-stream warm-up batch over windows of `t` tokens, LLaDA's own alignment
+/// ([`crate::objective::two_stream_layout`]): each row is its content stream followed by a
+/// query stream of `t` masks; query `i` sees content `0..i` and predicts token `i` (weight
+/// `1/(t − 1)`; position 0 carries no loss, it has no left context). This is the autoregressive
+/// warm-up of a LLaDA model: a prediction from the left context at the masked position itself,
+/// as semi-autoregressive block decoding asks of it.
+pub fn two_stream_windows(rows: &[Vec<u32>], mask_id: u32, dev: &Device) -> Result<Batch> {
+    Ok(crate::objective::two_stream_rows(
+        rows,
+        &vec![1; rows.len()],
+        mask_id,
+        dev,
+    )?)
+}
+
 /// Next-token batch over windows of `t + 1` tokens.
 pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
     let (b, t) = (rows.len(), rows[0].len() - 1);

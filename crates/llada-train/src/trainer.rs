@@ -287,6 +287,11 @@ pub struct ProseData {
     /// target's greedy choice, which is what speculative acceptance rewards); the held-out
     /// loss stays next-token on the corpus.
     pub distill: Vec<(Vec<u32>, Vec<u32>)>,
+    /// LLaDA prose: fraction of the run's progress trained autoregressively first (see
+    /// [`TaskData::ar_warmup`]): with [`crate::prose::two_stream_windows`] when `two_stream`,
+    /// else plain next-token windows. Other formats ignore it.
+    pub ar_warmup: f64,
+    pub two_stream: bool,
 }
 
 /// A distillation batch: `b` windows drawn uniformly from `set`, weights `1/T` per position.
@@ -321,13 +326,26 @@ impl DataSource for ProseData {
     fn batch(
         &mut self,
         _step: usize,
-        _progress: f64,
+        progress: f64,
         spec: &ModelSpec,
         heldout: bool,
         rng: &mut rand::rngs::StdRng,
         dev: &Device,
     ) -> Result<crate::objective::Batch> {
+        let ar = !heldout && progress < self.ar_warmup;
         Ok(match spec.format {
+            Format::LLaDA if ar && self.two_stream => crate::prose::two_stream_windows(
+                &self.corpus.windows(false, self.batch, self.seq_len, rng),
+                spec.mask_id,
+                dev,
+            )?,
+            // Plain next-token prediction (output `i` predicts token `i + 1`), as for the tasks.
+            Format::LLaDA if ar => crate::prose::next_token_windows(
+                &self
+                    .corpus
+                    .windows(false, self.batch, self.seq_len + 1, rng),
+                dev,
+            )?,
             Format::Llama if !heldout && !self.distill.is_empty() => {
                 distill_batch(&self.distill, self.batch, rng, dev)?
             }

@@ -332,6 +332,8 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         seq_len: 8,
         reduced_vocab: Some((ids.clone(), vocab)),
         distill: vec![],
+        ar_warmup: 0.0,
+        two_stream: false,
     };
     save_with(&model, &data, &out).unwrap();
     let loaded = Model::load(&out, &LoadOptions::default()).unwrap();
@@ -649,6 +651,25 @@ fn token_budget_trims_long_batches_only() {
 /// and changes some query `> j`; and query `i`'s logits equal those of a separate pass over
 /// `tokens[..i]` followed by one mask at `i` (the same prediction computed without the
 /// two-stream trick: causal, the mask not seeing itself). Targets and weights: token `i` at query `i`, `1/L` on the answer.
+#[test]
+fn prose_two_stream_windows_predict_each_token_from_its_mask() {
+    let dev = Device::Cpu;
+    let rows = vec![vec![7u32, 8, 9, 10], vec![11, 12, 13, 14]];
+    let b = llada_train::prose::two_stream_windows(&rows, MASK, &dev).unwrap();
+    assert!(b.two_stream && !b.causal);
+    let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+    let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+    let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+    for (r, row) in rows.iter().enumerate() {
+        assert_eq!(&ids[r][..4], &row[..]);
+        assert!(ids[r][4..].iter().all(|&x| x == MASK));
+        assert_eq!(&tg[r][4..], &row[..]);
+        // No loss on the content stream nor on query 0 (nothing to its left); 1/3 elsewhere.
+        assert_eq!(&w[r][..5], &[0.0; 5]);
+        assert!(w[r][5..].iter().all(|&x| (x - 1.0 / 3.0).abs() < 1e-7));
+    }
+}
+
 #[test]
 fn two_stream_queries_see_only_their_left_context() {
     use llada_train::objective::{two_stream_batch, two_stream_layout};
