@@ -639,8 +639,10 @@ pub struct DiffusionArgs {
     /// Commit every masked token whose confidence reaches this (at least one per step).
     #[arg(long)]
     pub threshold: Option<f32>,
-    /// Multi-block: window length (a static shape: 8, 16, 32, 64, 128, 256).
-    #[arg(long, default_value_t = 32)]
+    /// Multi-block: the execution window's length, the most rows the dense lane recomputes
+    /// per pass (a static shape: 8, 16, 32, 64, 128, 256). On a CPU a pass costs its rows, so
+    /// the smallest shape is fastest (docs/diffusion.md); an NPU would want its compiled shape.
+    #[arg(long, default_value_t = 8)]
     pub window: usize,
     /// Multi-block: look ahead into future blocks when the current block has fewer masked
     /// tokens than this.

@@ -165,6 +165,10 @@ fn bad_input_is_a_clear_error() {
             "apply to diffusion models",
         ),
         (
+            &["train", "--preset", "smollm2-draft", "--ar-warmup", "0.5"],
+            "apply to the diffusion presets",
+        ),
+        (
             &["train", "--preset", "tiny-ar-tasks", "--pad-answers", "32"],
             "apply to diffusion models",
         ),
