@@ -677,6 +677,11 @@ pub struct DiffusionArgs {
     /// Classifier-free guidance scale (vanilla only; 0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub cfg_scale: f32,
+    /// Dream's alg_temp: sample which positions a step commits from softmax(confidence /
+    /// alg_temp) instead of taking the most confident (0 = off; schedules only, not with a
+    /// threshold).
+    #[arg(long, default_value_t = 0.0)]
+    pub alg_temp: f32,
     /// Answer length in tokens (diffusion).
     #[arg(long, default_value_t = 64)]
     pub gen_length: usize,
@@ -763,6 +768,7 @@ impl DiffusionArgs {
                 ..Revision::default()
             }),
             cfg_scale: self.cfg_scale,
+            alg_temp: self.alg_temp,
         };
         cfg.validate().map_err(anyhow::Error::msg)?;
         Ok(cfg)

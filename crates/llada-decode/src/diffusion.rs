@@ -84,6 +84,10 @@ pub struct DiffusionConfig {
     /// Classifier-free guidance scale (LLaDA: `un + (s + 1)(cond − un)`, the unconditional pass
     /// masks the prompt); 0 = off. Vanilla only (it doubles every pass).
     pub cfg_scale: f32,
+    /// Dream's `alg_temp`: with a schedule (no threshold), the positions that commit are drawn
+    /// without replacement from `softmax(confidence / alg_temp)` over the masked positions
+    /// instead of taken by top confidence ([`sample_transfer`]); 0 = top-k (Dream's `None`).
+    pub alg_temp: f32,
 }
 
 impl DiffusionConfig {
@@ -102,6 +106,7 @@ impl DiffusionConfig {
             multi_block: None,
             revision: None,
             cfg_scale: 0.0,
+            alg_temp: 0.0,
         }
     }
     /// Dream's reference (`diffusion_generate`): one block, timestep schedule.
@@ -119,6 +124,7 @@ impl DiffusionConfig {
             multi_block: None,
             revision: None,
             cfg_scale: 0.0,
+            alg_temp: 0.0,
         }
     }
     pub fn validate(&self) -> Result<(), String> {
@@ -167,6 +173,12 @@ impl DiffusionConfig {
             {
                 return Err("revision thresholds must be in (0, 1] and max_probes ≥ 1".into());
             }
+        }
+        if !(self.alg_temp.is_finite() && self.alg_temp >= 0.0) {
+            return Err(format!("alg_temp must be ≥ 0, got {}", self.alg_temp));
+        }
+        if self.alg_temp > 0.0 && self.threshold.is_some() {
+            return Err("alg_temp samples which positions a schedule commits; a confidence threshold decides that itself (use one or the other)".into());
         }
         if self.cfg_scale.is_nan() || self.cfg_scale < 0.0 {
             return Err(format!("cfg scale must be ≥ 0, got {}", self.cfg_scale));
@@ -609,6 +621,12 @@ pub fn generate_with(
                 dream_transfer(now.len(), step, steps_per_block, eps)
             }
         };
+        if cfg.alg_temp > 0.0 && cfg.threshold.is_none() && k < now.len() {
+            // Dream's alg_temp: which positions commit is sampled, not the top k.
+            let conf: Vec<f32> = now.iter().map(|c| c.0).collect();
+            let pick = sample_transfer(&conf, k, cfg.alg_temp, &mut rng);
+            now = pick.iter().map(|&j| now[j]).collect();
+        }
         let commits = now.iter().take(k).map(|c| (c, false)).chain(
             future
                 .iter()
@@ -651,6 +669,53 @@ pub fn generate_with(
     Ok(out)
 }
 
+/// `k` distinct indices of `conf` drawn without replacement with probabilities
+/// `softmax(conf / alg_temp)` (renormalised over what is left after each draw), as Dream's
+/// `torch.multinomial(softmax(confidence / alg_temp), k)`. Confidences of −∞ are never drawn
+/// while a finite one is left.
+pub fn sample_transfer(conf: &[f32], k: usize, alg_temp: f32, rng: &mut impl Rng) -> Vec<usize> {
+    let mx = conf
+        .iter()
+        .copied()
+        .filter(|c| c.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut w: Vec<f64> = conf
+        .iter()
+        .map(|&c| {
+            if c.is_finite() {
+                (((c - mx) / alg_temp) as f64).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut out = Vec::with_capacity(k.min(conf.len()));
+    while out.len() < k.min(conf.len()) {
+        let total: f64 = w.iter().sum();
+        let j = if total > 0.0 {
+            let mut u = rng.random::<f64>() * total;
+            let mut pick = None;
+            for (j, &wj) in w.iter().enumerate() {
+                if wj > 0.0 {
+                    pick = Some(j);
+                    if u < wj {
+                        break;
+                    }
+                    u -= wj;
+                }
+            }
+            pick
+        } else {
+            // Only −∞ (or underflowed) weights left: the leftmost not yet drawn.
+            (0..conf.len()).find(|j| !out.contains(j))
+        };
+        let Some(j) = j else { break };
+        w[j] = 0.0;
+        out.push(j);
+    }
+    out
+}
+
 /// The vanilla reference (no cache, no threshold), kept as a named entry point.
 pub fn generate_vanilla(
     model: &Model,
@@ -669,6 +734,49 @@ pub fn generate_vanilla(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Draw frequencies against the analytic probabilities: the first draw follows
+    /// softmax(conf / T); a pair's draw follows the without-replacement product.
+    #[test]
+    fn alg_temp_draws_follow_the_softmax() {
+        let conf = [0.9f32, 0.5, 0.2, f32::NEG_INFINITY];
+        let t = 0.25f32;
+        let e: Vec<f64> = conf[..3]
+            .iter()
+            .map(|&c| ((c as f64) / t as f64).exp())
+            .collect();
+        let z: f64 = e.iter().sum();
+        let mut rng = StdRng::seed_from_u64(7);
+        let n = 40_000;
+        let (mut first, mut pair01) = ([0usize; 4], 0usize);
+        for _ in 0..n {
+            let d = sample_transfer(&conf, 2, t, &mut rng);
+            assert_eq!(d.len(), 2);
+            assert_ne!(d[0], d[1]);
+            assert!(!d.contains(&3), "a −∞ confidence was drawn");
+            first[d[0]] += 1;
+            pair01 += usize::from(d == [0, 1]);
+        }
+        for j in 0..3 {
+            let p = e[j] / z;
+            let f = first[j] as f64 / n as f64;
+            // 5 standard errors.
+            assert!(
+                (f - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt(),
+                "{j}: {f} vs {p}"
+            );
+        }
+        let p01 = e[0] / z * e[1] / (z - e[0]);
+        let f01 = pair01 as f64 / n as f64;
+        assert!((f01 - p01).abs() < 5.0 * (p01 * (1.0 - p01) / n as f64).sqrt());
+        // Only −∞ left: still k distinct indices.
+        assert_eq!(
+            sample_transfer(&[f32::NEG_INFINITY; 3], 2, 1.0, &mut rng),
+            vec![0, 1]
+        );
+        // A tiny temperature is top-k.
+        assert_eq!(sample_transfer(&conf, 2, 1e-4, &mut rng), vec![0, 1]);
+    }
 
     #[test]
     fn schedule_matches_llada() {
