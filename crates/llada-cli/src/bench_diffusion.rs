@@ -69,9 +69,11 @@ pub struct DiffusionBenchArgs {
     /// Window sizes of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
     sweep: Vec<usize>,
-    /// Extra models for the sweep only (e.g. a `llada synth` GGUF of LLaDA-8B's shape).
-    #[arg(long, value_delimiter = ',')]
-    sweep_models: Vec<PathBuf>,
+    /// Extra models for the sweep only: model paths, or `synth:SHAPE` (llada-8b, dream-7b) — the
+    /// `llada synth` GGUF of that shape with random 4-bit weights, written once into the cache
+    /// (≈ 4.5 GB for llada-8b, no download); `none` for none.
+    #[arg(long, value_delimiter = ',', default_value = "synth:llada-8b")]
+    sweep_models: Vec<String>,
     /// Cached prefix length of the sweep.
     #[arg(long, default_value_t = 64)]
     sweep_prefix: usize,
@@ -562,7 +564,19 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         }
     }
     if !a.no_sweep {
-        for path in &a.sweep_models {
+        for spec in a
+            .sweep_models
+            .iter()
+            .filter(|s| !s.is_empty() && *s != "none")
+        {
+            let path = match spec.strip_prefix("synth:") {
+                Some(shape) => {
+                    pb.set_message(format!("{spec}: synthesising"));
+                    crate::synth::cached(shape)?
+                }
+                None => PathBuf::from(spec),
+            };
+            let path = &path;
             pb.set_message(format!("{}: window sweep", path.display()));
             let model = Model::load(
                 path,

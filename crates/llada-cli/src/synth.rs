@@ -119,6 +119,32 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, buf: &mut [u8]) {
     }
 }
 
+/// The `llada synth` GGUF of `shape` (all layers, q4_0, seed 0) in the cache
+/// (`CACHE/synth/SHAPE-q4_0.gguf`), written on first use — what `llada bench diffusion`'s window
+/// sweep runs for `synth:SHAPE`.
+pub fn cached(shape_name: &str) -> Result<PathBuf> {
+    shape(shape_name)?;
+    let dir = crate::models::cache_dir().join("synth");
+    let path = dir.join(format!("{shape_name}-q4_0.gguf"));
+    if !path.exists() {
+        std::fs::create_dir_all(&dir)?;
+        eprintln!(
+            "making {} once: random weights with {shape_name}'s shapes (no download)",
+            path.display()
+        );
+        let part = dir.join(format!("{shape_name}-q4_0.gguf.part"));
+        run(SynthArgs {
+            shape: shape_name.into(),
+            layers: None,
+            quant: "q4_0".into(),
+            out: part.clone(),
+            seed: 0,
+        })?;
+        std::fs::rename(&part, &path)?;
+    }
+    Ok(path)
+}
+
 pub fn run(a: SynthArgs) -> Result<()> {
     let mut s = shape(&a.shape)?;
     if let Some(l) = a.layers {

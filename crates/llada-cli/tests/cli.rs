@@ -352,6 +352,8 @@ fn bench_diffusion_reports_its_fields() {
         "vanilla,prefix,full",
         "--sweep",
         "8,16",
+        "--sweep-models",
+        "none",
         "--repeats",
         "2",
         "--out-dir",
