@@ -132,6 +132,14 @@ impl TrainArgs {
         Ok(())
     }
 
+    /// The cards' 55-minute budget, for presets whose bare command re-trains a shipped model
+    /// (`--minutes` overrides it).
+    fn card_budget(&self, opts: &mut TrainOptions) {
+        if self.minutes.is_none() {
+            opts.time_budget_s = Some(55.0 * 60.0);
+        }
+    }
+
     /// Optimizer options from the flags, with the preset's default step count.
     fn options(&self, default_steps: usize, curriculum: f64) -> TrainOptions {
         let steps = self.steps.unwrap_or(default_steps);
@@ -317,8 +325,8 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     // tiny-llada-prose` re-trains the shipped model): 55 minutes, the first half a two-stream
     // warm-up.
     let diffusion = a.preset == "tiny-llada-prose";
-    if diffusion && a.minutes.is_none() {
-        opts.time_budget_s = Some(55.0 * 60.0);
+    if diffusion {
+        a.card_budget(&mut opts);
     }
     let ar_warmup = a.ar_warmup.unwrap_or(if diffusion { 0.5 } else { 0.0 });
     if !(0.0..1.0).contains(&ar_warmup) {
@@ -564,8 +572,8 @@ pub fn train(a: TrainArgs) -> Result<()> {
     // --preset tiny-llada-tasks` re-trains the shipped model); every part can be overridden.
     let card = matches!(a.preset.as_str(), "tiny-llada-tasks" | "tiny-dream-tasks");
     let mut opts = a.options(steps, 0.6);
-    if card && a.minutes.is_none() {
-        opts.time_budget_s = Some(55.0 * 60.0);
+    if card {
+        a.card_budget(&mut opts);
     }
     eprintln!(
         "training {} -> {} ({} steps, batch {})",
@@ -597,7 +605,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
     if a.two_stream == Some(true) && (spec.format != Format::LLaDA || ar_warmup == 0.0) {
-        bail!("--two-stream applies to the --ar-warmup of LLaDA task models (tiny-llada-tasks)");
+        bail!("--two-stream applies to the --ar-warmup of LLaDA models (tiny-llada-tasks, tiny-llada-prose)");
     }
     let two_stream = a
         .two_stream

@@ -67,14 +67,6 @@ impl Window {
     }
 }
 
-/// The first block that still has a masked position, if any.
-pub fn current_block(states: &[TokenState], block: usize) -> Option<usize> {
-    states
-        .iter()
-        .position(|s| *s == TokenState::Invisible)
-        .map(|i| i / block)
-}
-
 /// Plan the dense lane's window over answer positions. `dirty[i]`: position `i` was committed
 /// since its KV row was last computed with its token. Without `multi`, the window is the
 /// current block (block decoding); with it, see the module doc.
@@ -84,7 +76,9 @@ pub fn plan(
     block: usize,
     multi: Option<&MultiBlock>,
 ) -> Option<Window> {
-    let cur = current_block(states, block)?;
+    // The current block: the first with a masked position (none left: nothing to plan).
+    let first_masked = states.iter().position(|s| *s == TokenState::Invisible)?;
+    let cur = first_masked / block;
     let gen = states.len();
     let (bs, be) = (cur * block, ((cur + 1) * block).min(gen));
     let Some(mb) = multi else {
@@ -111,10 +105,6 @@ pub fn plan(
     // The window is a fixed-size execution window: never more than `window` rows (on a CPU a
     // pass costs its rows, so rows far right of the frontier, which rarely reach the
     // threshold, are not recomputed every step), but always holding a masked position.
-    let first_masked = states
-        .iter()
-        .position(|s| *s == TokenState::Invisible)
-        .unwrap_or(start);
     let end = end.min(start + mb.window).max(first_masked + 1);
     let max = *WINDOW_SHAPES.last().unwrap_or(&256);
     let end = end.min(gen).min(start + max).max(start + 1);
