@@ -82,6 +82,17 @@ pub struct TrainArgs {
     /// generated`.
     #[arg(long)]
     init_from: Option<PathBuf>,
+    /// Drafts: start from the target's own weights instead of random ones — its embedding
+    /// (the reduced vocabulary's rows), final norm and these layers (e.g. `0,29`: a layer-
+    /// skipping draft with the target's width, heads and MLP) — then train as usual (with
+    /// --distill: on the target's labels). The target is --distill's, else smollm2.
+    #[arg(long, value_delimiter = ',')]
+    target_layers: Vec<usize>,
+    /// Drafts, with --init-from: choose the reduced vocabulary afresh (corpus and distillation
+    /// text) instead of keeping the checkpoint's; rows of ids in both carry over, new ids start
+    /// from the checkpoint's shared "other" row.
+    #[arg(long)]
+    revocab: bool,
     /// Task models: fraction of training rows masked as one contiguous run (half suffix, half
     /// prefix of the answer) instead of independently per position; see docs/training.md
     /// [default: 0.5].
@@ -272,6 +283,39 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let vocab = tokenizer.get_vocab_size(true);
     let (mut spec, steps) = prose_preset(&a.preset, vocab).context("prose preset")?;
     a.override_spec(&mut spec)?;
+    let from_target = if a.target_layers.is_empty() {
+        None
+    } else {
+        let target = a.distill.as_deref().unwrap_or("smollm2");
+        let path = crate::models::resolve(target, false)?;
+        let (c, tensors) = llada_model::load::export_layers_f32(&path, &a.target_layers)
+            .with_context(|| format!("reading layers of {}", path.display()))?;
+        if c.vocab != vocab {
+            bail!(
+                "{} has {} token ids, the draft's tokenizer {vocab}",
+                path.display(),
+                c.vocab
+            );
+        }
+        spec.d_model = c.d_model;
+        spec.n_layers = a.target_layers.len();
+        spec.n_heads = c.n_heads;
+        spec.n_kv_heads = c.n_kv_heads;
+        spec.ffn = c.ffn;
+        spec.rope_theta = c.rope_theta;
+        spec.rms_eps = c.rms_eps;
+        spec.tied = true;
+        eprintln!(
+            "initialising from {} layers {:?} (d {}, {} heads / {} KV heads, MLP {})",
+            path.display(),
+            a.target_layers,
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            c.ffn
+        );
+        Some((target.to_string(), tensors))
+    };
     if a.preset == "smollm2-draft" {
         spec.eos_id = eos;
         spec.bos_id = tokenizer.token_to_id("<|im_start|>").unwrap_or(1);
@@ -293,16 +337,49 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let reduced_vocab = if a.preset == "smollm2-draft" && DRAFT_VOCAB < vocab {
         // The draft embeds and predicts only the most frequent ids (one shared row for the
         // rest): its head costs K·d instead of 49152·d MACs per token.
-        let (ids, cover) = llada_train::prose::reduce_vocab(&mut corpus, vocab, DRAFT_VOCAB);
+        // A fine-tune keeps its checkpoint's ids; otherwise the most frequent ids of the
+        // corpus and, when distilling, of the target's own text (its chat template and modern
+        // words are rare in Austen and the KJV: with corpus counts alone, 15 % of the tokens
+        // of the target-written windows fell into the "other" row).
+        let (ids, cover) = match a.init_from.as_ref().filter(|_| !a.revocab) {
+            Some(dir) => {
+                let ids = checkpoint_ids(dir)?;
+                let cover = llada_train::prose::apply_vocab(&mut corpus, &ids, vocab);
+                (ids, cover)
+            }
+            None => {
+                let extra: Vec<u32> = distill
+                    .iter()
+                    .flat_map(|(x, y)| x.iter().chain(y))
+                    .copied()
+                    .collect();
+                llada_train::prose::reduce_vocab_with(&mut corpus, vocab, DRAFT_VOCAB, &extra)
+            }
+        };
+        let row = llada_train::prose::row_map(&ids, vocab);
+        let (n, inside) = distill.iter().flat_map(|(x, y)| x.iter().chain(y)).fold(
+            (0usize, 0usize),
+            |(n, k), &t| {
+                (
+                    n + 1,
+                    k + usize::from((row[t as usize] as usize) < ids.len()),
+                )
+            },
+        );
         eprintln!(
-            "reduced vocabulary: {} ids cover {:.2}% of the training tokens",
+            "reduced vocabulary: {} ids cover {:.2}% of the training tokens{}",
             ids.len(),
-            100.0 * cover
+            100.0 * cover,
+            if n > 0 {
+                format!(
+                    ", {:.2}% of the distillation text",
+                    100.0 * inside as f64 / n as f64
+                )
+            } else {
+                String::new()
+            }
         );
         spec.vocab = ids.len() + 1;
-        if let Some(dir) = &a.init_from {
-            check_reduced_ids(dir, &ids)?;
-        }
         Some((ids, vocab))
     } else {
         None
@@ -321,6 +398,13 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         }
     }
     let mut opts = a.options(steps, 1.0);
+    if let (true, Some(dir), Some((ids, _))) = (a.revocab, &a.init_from, &reduced_vocab) {
+        opts.init_from = Some(write_revocab_init(dir, ids)?);
+    }
+    if let Some((target, tensors)) = from_target {
+        let ids = reduced_vocab.as_ref().map(|(ids, _)| ids.as_slice());
+        opts.init_from = Some(write_target_init(&target, &a.target_layers, tensors, ids)?);
+    }
     // The card's recipe is the default of tiny-llada-prose (a bare `llada train --preset
     // tiny-llada-prose` re-trains the shipped model): 55 minutes, the first half a two-stream
     // warm-up.
@@ -348,6 +432,114 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let st = train_with(spec, opts, out, a.resume, false, &mut data)?;
     report(&st);
     Ok(())
+}
+
+/// Writes the target's exported tensors as a draft checkpoint to start from
+/// (`data/init-TARGET-L…/model.safetensors`) and returns its directory. With a reduced
+/// vocabulary the embedding keeps the rows of `ids`, and the shared "other" row is the mean of
+/// every other row.
+fn write_target_init(
+    target: &str,
+    layers: &[usize],
+    tensors: Vec<llada_model::load::ExportedTensor>,
+    ids: Option<&[u32]>,
+) -> Result<PathBuf> {
+    use candle_core::{Device, Tensor};
+    let stem: String = target
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let tag: Vec<String> = layers.iter().map(usize::to_string).collect();
+    let dir = PathBuf::from("data").join(format!("init-{stem}-L{}", tag.join("_")));
+    let mut map = std::collections::HashMap::new();
+    for t in tensors {
+        let (shape, data) = match (t.name.as_str(), ids) {
+            ("model.embed_tokens.weight", Some(ids)) => {
+                let d = t.shape[1];
+                let mut keep = vec![false; t.shape[0]];
+                let mut rows = Vec::with_capacity((ids.len() + 1) * d);
+                for &i in ids {
+                    let i = i as usize;
+                    let row = t
+                        .data
+                        .get(i * d..(i + 1) * d)
+                        .context("a reduced-vocabulary id beyond the target's embedding")?;
+                    rows.extend_from_slice(row);
+                    keep[i] = true;
+                }
+                let mut other = vec![0f64; d];
+                let mut n = 0usize;
+                for (r, _) in keep.iter().enumerate().filter(|(_, k)| !**k) {
+                    for (o, v) in other.iter_mut().zip(&t.data[r * d..(r + 1) * d]) {
+                        *o += *v as f64;
+                    }
+                    n += 1;
+                }
+                rows.extend(other.iter().map(|v| (*v / n.max(1) as f64) as f32));
+                (vec![ids.len() + 1, d], rows)
+            }
+            _ => (t.shape, t.data),
+        };
+        map.insert(t.name, Tensor::from_vec(data, shape, &Device::Cpu)?);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("model.safetensors");
+    candle_core::safetensors::save(&map, &file)
+        .with_context(|| format!("writing {}", file.display()))?;
+    Ok(dir)
+}
+
+/// `dir`'s checkpoint with its embedding (and untied head) moved to the reduced vocabulary
+/// `ids`: an id it already had keeps its row, a new one starts from its "other" row (the last).
+/// Written to `data/init-revocab-NAME/` and returned (the directory to start from).
+fn write_revocab_init(dir: &std::path::Path, ids: &[u32]) -> Result<PathBuf> {
+    use candle_core::{Device, Tensor};
+    let old = checkpoint_ids(dir)?;
+    let file = dir.join("model.safetensors");
+    let mut map = candle_core::safetensors::load(&file, &Device::Cpu)
+        .with_context(|| format!("reading {}", file.display()))?;
+    let old_row: std::collections::HashMap<u32, usize> =
+        old.iter().enumerate().map(|(r, &t)| (t, r)).collect();
+    let index: Vec<u32> = ids
+        .iter()
+        .map(|t| old_row.get(t).copied().unwrap_or(old.len()) as u32)
+        .chain(std::iter::once(old.len() as u32))
+        .collect();
+    let index = Tensor::new(index.as_slice(), &Device::Cpu)?;
+    let mut moved = 0;
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        if let Some(t) = map.get(name) {
+            if t.dim(0)? != old.len() + 1 {
+                bail!(
+                    "{}: {name} has {} rows, its config lists {} ids (+ other)",
+                    file.display(),
+                    t.dim(0)?,
+                    old.len()
+                );
+            }
+            let t = t.index_select(&index, 0)?;
+            map.insert(name.to_string(), t);
+            moved += 1;
+        }
+    }
+    if moved == 0 {
+        bail!("{} has no embedding to move", file.display());
+    }
+    let kept = ids.iter().filter(|t| old_row.contains_key(t)).count();
+    eprintln!(
+        "revocab: {kept} of {} ids keep their rows from {}",
+        ids.len(),
+        dir.display()
+    );
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "draft".into());
+    let out = PathBuf::from("data").join(format!("init-revocab-{name}"));
+    std::fs::create_dir_all(&out)?;
+    candle_core::safetensors::save(&map, out.join("model.safetensors"))
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(out)
 }
 
 /// Tokens of a `generated` distillation window's corpus prefix.
@@ -488,23 +680,17 @@ fn generate_window(
     Ok((x, y))
 }
 
-/// Fine-tuning a draft keeps its reduced vocabulary: the ids computed from the corpus must be
-/// the ones `dir`'s checkpoint was trained over.
-fn check_reduced_ids(dir: &std::path::Path, ids: &[u32]) -> Result<()> {
+/// The reduced vocabulary a draft checkpoint was trained over (a fine-tune keeps it).
+fn checkpoint_ids(dir: &std::path::Path) -> Result<Vec<u32>> {
     let file = dir.join("config.json");
     let cfg: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?,
     )
     .with_context(|| format!("parsing {}", file.display()))?;
     // The engine's own reading of `reduced_vocab_ids` (validated), not a second parser.
-    let theirs = llada_model::ModelConfig::from_hf(&cfg, &file)?.vocab_ids;
-    if theirs.as_deref() != Some(ids) {
-        bail!(
-            "{} was trained over another reduced vocabulary than this corpus gives",
-            dir.display()
-        );
-    }
-    Ok(())
+    llada_model::ModelConfig::from_hf(&cfg, &file)?
+        .vocab_ids
+        .with_context(|| format!("{} has no reduced vocabulary", dir.display()))
 }
 
 fn report(st: &llada_train::trainer::TrainState) {
@@ -536,6 +722,17 @@ pub fn train(a: TrainArgs) -> Result<()> {
     keep_freed_pages();
     if a.distill.is_some() && a.preset != "smollm2-draft" {
         bail!("--distill applies to drafts (--preset smollm2-draft)");
+    }
+    if !a.target_layers.is_empty() {
+        if a.preset != "smollm2-draft" {
+            bail!("--target-layers applies to drafts (--preset smollm2-draft)");
+        }
+        if a.init_from.is_some() {
+            bail!("--target-layers and --init-from both say where to start: give one");
+        }
+    }
+    if a.revocab && (a.init_from.is_none() || a.preset != "smollm2-draft") {
+        bail!("--revocab moves a draft checkpoint to a new vocabulary: it needs --preset smollm2-draft and --init-from");
     }
     if prose_preset(&a.preset, 0).is_some() {
         // Task-model options would otherwise be accepted and silently ignored.

@@ -205,6 +205,20 @@ fn bad_input_is_a_clear_error() {
             "unknown task",
         ),
         (
+            &["train", "--preset", "smollm2-draft", "--revocab"],
+            "--revocab moves a draft checkpoint",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--target-layers",
+                "0,1",
+            ],
+            "--target-layers applies to drafts",
+        ),
+        (
             &["generate", "hi", "--mode", "speculative", "--edc"],
             "--ahasd",
         ),

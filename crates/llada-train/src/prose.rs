@@ -87,21 +87,51 @@ impl Corpus {
 /// order) and the fraction of training tokens they cover, and rewrites both streams to row
 /// indices, every other id becoming row `k` (the shared "other" row).
 pub fn reduce_vocab(corpus: &mut Corpus, vocab: usize, k: usize) -> (Vec<u32>, f64) {
-    let mut count = vec![0u64; vocab];
+    reduce_vocab_with(corpus, vocab, k, &[])
+}
+
+/// [`reduce_vocab`] where the frequencies also count `extra` tokens (a draft's distillation
+/// text: what its target writes, chat template included), weighted so that `extra` as a whole
+/// counts as much as the training corpus.
+pub fn reduce_vocab_with(
+    corpus: &mut Corpus,
+    vocab: usize,
+    k: usize,
+    extra: &[u32],
+) -> (Vec<u32>, f64) {
+    let mut count = vec![0f64; vocab];
     for &t in &corpus.train {
         if let Some(c) = count.get_mut(t as usize) {
-            *c += 1;
+            *c += 1.0;
+        }
+    }
+    let w = corpus.train.len() as f64 / extra.len().max(1) as f64;
+    for &t in extra {
+        if let Some(c) = count.get_mut(t as usize) {
+            *c += w;
         }
     }
     let mut order: Vec<u32> = (0..vocab as u32).collect();
-    order.sort_by_key(|&t| (std::cmp::Reverse(count[t as usize]), t));
+    order.sort_by(|&a, &b| {
+        count[b as usize]
+            .total_cmp(&count[a as usize])
+            .then(a.cmp(&b))
+    });
     order.truncate(k.min(vocab));
-    let covered: u64 = order.iter().map(|&t| count[t as usize]).sum();
-    let row = row_map(&order, vocab);
+    let cover = apply_vocab(corpus, &order, vocab);
+    (order, cover)
+}
+
+/// Rewrite both streams to the rows of the reduced vocabulary `ids` (others: row `ids.len()`);
+/// returns the fraction of training tokens inside `ids`.
+pub fn apply_vocab(corpus: &mut Corpus, ids: &[u32], vocab: usize) -> f64 {
+    let row = row_map(ids, vocab);
+    let other = ids.len() as u32;
     for s in [&mut corpus.train, &mut corpus.heldout] {
-        to_rows(&row, order.len() as u32, s);
+        to_rows(&row, other, s);
     }
-    (order, covered as f64 / corpus.train.len().max(1) as f64)
+    let covered = corpus.train.iter().filter(|&&r| r != other).count();
+    covered as f64 / corpus.train.len().max(1) as f64
 }
 
 /// Id → row of a reduced vocabulary `ids` (row order) over `vocab` ids; every other id maps to
@@ -227,6 +257,14 @@ mod tests {
         assert!((cover - 5.0 / 7.0).abs() < 1e-12);
         assert_eq!(c.train, vec![0, 0, 0, 1, 1, 2, 2]);
         assert_eq!(c.heldout, vec![1, 2, 0]);
+        // Extra text counts as much as the corpus as a whole: 3 (weight 7/3 each) beats 7.
+        let mut c = Corpus {
+            train: vec![5, 5, 5, 7, 7, 1, 9],
+            heldout: vec![],
+        };
+        let (ids, cover) = reduce_vocab_with(&mut c, 10, 2, &[3, 3, 3]);
+        assert_eq!(ids, vec![3, 5]);
+        assert!((cover - 3.0 / 7.0).abs() < 1e-12);
     }
 
     #[test]
