@@ -205,6 +205,19 @@ fn bad_input_is_a_clear_error() {
             "unknown task",
         ),
         (
+            &[
+                "generate",
+                "hi",
+                "--mode",
+                "speculative",
+                "--draft",
+                "models/smollm2-draft",
+                "--draft-quantize",
+                "q3_z",
+            ],
+            "--draft-quantize q3_z",
+        ),
+        (
             &["train", "--preset", "smollm2-draft", "--revocab"],
             "--revocab moves a draft checkpoint",
         ),
