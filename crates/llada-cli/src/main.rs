@@ -201,7 +201,8 @@ struct ChatArgs {
     system: Option<String>,
 }
 
-fn parse_quant(s: &Option<String>) -> Result<Option<llada_kernels::GgmlType>> {
+/// A requantization type named on the command line (`flag` names the option in the error).
+pub(crate) fn parse_quant(flag: &str, s: Option<&str>) -> Result<Option<llada_kernels::GgmlType>> {
     match s {
         None => Ok(None),
         Some(s) => {
@@ -209,7 +210,7 @@ fn parse_quant(s: &Option<String>) -> Result<Option<llada_kernels::GgmlType>> {
                 .filter(|t| llada_kernels::QMatrix::supports(*t));
             match t {
                 Some(t) => Ok(Some(t)),
-                None => bail!("--quantize {s}: choose one of q8_0, q4_0, q4_1, q4_k"),
+                None => bail!("{flag} {s}: choose one of q8_0, q4_0, q4_1, q4_k"),
             }
         }
     }
@@ -226,7 +227,7 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
         }
     }
     let opts = LoadOptions {
-        quantize: parse_quant(&args.quantize)?,
+        quantize: parse_quant("--quantize", args.quantize.as_deref())?,
         no_tokenizer: false,
         dequantize: args.dequantize,
         mem_budget: args

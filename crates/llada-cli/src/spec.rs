@@ -121,13 +121,7 @@ pub const DRAFT_QUANT: &str = "q8_0";
 
 /// `--draft-quantize`: a matrix type, or `none` to compute the checkpoint as stored.
 pub fn draft_quant(s: &str) -> Result<Option<GgmlType>> {
-    if s == "none" {
-        return Ok(None);
-    }
-    match GgmlType::from_name(s).filter(|t| llada_kernels::QMatrix::supports(*t)) {
-        Some(t) => Ok(Some(t)),
-        None => bail!("--draft-quantize {s}: choose one of none, q8_0, q4_0, q4_1, q4_k"),
-    }
+    crate::parse_quant("--draft-quantize", Some(s).filter(|s| *s != "none"))
 }
 
 /// Where `--draft self` finds its head.

@@ -341,30 +341,31 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         // corpus and, when distilling, of the target's own text (its chat template and modern
         // words are rare in Austen and the KJV: with corpus counts alone, 15 % of the tokens
         // of the target-written windows fell into the "other" row).
+        let distill_text: Vec<u32> = distill
+            .iter()
+            .flat_map(|(x, y)| x.iter().chain(y))
+            .copied()
+            .collect();
         let (ids, cover) = match a.init_from.as_ref().filter(|_| !a.revocab) {
             Some(dir) => {
                 let ids = checkpoint_ids(dir)?;
                 let cover = llada_train::prose::apply_vocab(&mut corpus, &ids, vocab);
                 (ids, cover)
             }
-            None => {
-                let extra: Vec<u32> = distill
-                    .iter()
-                    .flat_map(|(x, y)| x.iter().chain(y))
-                    .copied()
-                    .collect();
-                llada_train::prose::reduce_vocab_with(&mut corpus, vocab, DRAFT_VOCAB, &extra)
-            }
+            None => llada_train::prose::reduce_vocab_with(
+                &mut corpus,
+                vocab,
+                DRAFT_VOCAB,
+                &distill_text,
+            ),
         };
         let row = llada_train::prose::row_map(&ids, vocab);
-        let (n, inside) = distill.iter().flat_map(|(x, y)| x.iter().chain(y)).fold(
-            (0usize, 0usize),
-            |(n, k), &t| {
-                (
-                    n + 1,
-                    k + usize::from((row[t as usize] as usize) < ids.len()),
-                )
-            },
+        let (n, inside) = (
+            distill_text.len(),
+            distill_text
+                .iter()
+                .filter(|&&t| (row[t as usize] as usize) < ids.len())
+                .count(),
         );
         eprintln!(
             "reduced vocabulary: {} ids cover {:.2}% of the training tokens{}",
@@ -445,10 +446,7 @@ fn write_target_init(
     ids: Option<&[u32]>,
 ) -> Result<PathBuf> {
     use candle_core::{Device, Tensor};
-    let stem: String = target
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
+    let stem = file_stem(target);
     let tag: Vec<String> = layers.iter().map(usize::to_string).collect();
     let dir = PathBuf::from("data").join(format!("init-{stem}-L{}", tag.join("_")));
     let mut map = std::collections::HashMap::new();
@@ -542,6 +540,13 @@ fn write_revocab_init(dir: &std::path::Path, ids: &[u32]) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// `name` with every character but ASCII letters and digits replaced by `_` (cache file names).
+fn file_stem(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
 /// Tokens of a `generated` distillation window's corpus prefix.
 const GEN_PREFIX: usize = 32;
 
@@ -567,10 +572,7 @@ fn distill_labels(
         .map(|k| (k * stride).min(train.len() - t))
         .map(|s| train[s..s + t].to_vec())
         .collect();
-    let stem: String = target
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
+    let stem = file_stem(target);
     let kind = if generated { "distill-gen" } else { "distill" };
     let cache = PathBuf::from("data").join(format!("{kind}-{stem}-{n}x{t}.bin"));
     let same_source = |k: usize, x: &[u32]| {
