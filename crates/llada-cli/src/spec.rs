@@ -319,7 +319,9 @@ pub struct SpecBenchArgs {
     #[arg(long, default_value = DRAFT_QUANT)]
     draft_quantize: String,
     /// Prompts, alternating raw prose continuations and chat requests (chat template);
-    /// each is generated greedily.
+    /// each is generated greedily. The first 8 are fixed; more (e.g. `--prompts 50` for the
+    /// lossless check) are 32-token windows of the held-out Austen + KJV split, alternately raw
+    /// and inside a "Continue this passage" request (needs `python3 scripts/fetch_corpora.py`).
     #[arg(long, default_value_t = 6)]
     prompts: usize,
     /// Tokens generated per prompt.
@@ -381,6 +383,63 @@ const PROMPTS: [(&str, bool); 8] = [
     ("Summarise the rules of chess in five sentences.", true),
 ];
 
+/// `n` bench prompts as token ids: [`PROMPTS`] first, then held-out corpus windows (see
+/// `--prompts`), each rendered with the target's chat template when it is a chat request.
+fn bench_prompts(tok: &llada_formats::tokenizer::Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
+    let mut texts: Vec<(String, bool)> = PROMPTS
+        .iter()
+        .take(n)
+        .map(|&(p, chat)| (p.to_string(), chat))
+        .collect();
+    if n > texts.len() {
+        let files = [
+            std::path::Path::new("data/austen.txt"),
+            std::path::Path::new("data/kjv.txt"),
+        ];
+        if let Some(f) = files.iter().find(|f| !f.exists()) {
+            bail!(
+                "--prompts {n}: prompts past the first {} are held-out corpus windows, and {} is \
+                 missing; run `python3 scripts/fetch_corpora.py` first",
+                PROMPTS.len(),
+                f.display()
+            );
+        }
+        // Lines joined by the newline token, so a window decodes to the text as written.
+        let nl = tok
+            .encode("\n")
+            .map_err(anyhow::Error::msg)?
+            .last()
+            .copied()
+            .context("the tokenizer encodes no newline")?;
+        let corpus = llada_train::prose::Corpus::load(&files, &tok.inner, nl)?;
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(50);
+        for (i, w) in corpus
+            .windows(true, n - texts.len(), 32, &mut rng)
+            .into_iter()
+            .enumerate()
+        {
+            let text = tok.decode(&w);
+            texts.push(if i % 2 == 1 {
+                (format!("Continue this passage:\n{text}"), true)
+            } else {
+                (text, false)
+            });
+        }
+    }
+    texts
+        .iter()
+        .map(|(p, chat)| {
+            let text = if *chat {
+                tok.template
+                    .render(&[llada_formats::tokenizer::Message::new("user", p)], true)
+            } else {
+                p.clone()
+            };
+            tok.encode(&text).map_err(anyhow::Error::msg)
+        })
+        .collect()
+}
+
 /// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs), so each configuration's
 /// peak is its own.
 fn reset_peak_rss() {
@@ -389,6 +448,9 @@ fn reset_peak_rss() {
 }
 
 pub fn bench(a: SpecBenchArgs) -> Result<()> {
+    if a.prompts == 0 {
+        bail!("--prompts must be at least 1");
+    }
     let dq = draft_quant(&a.draft_quantize)?;
     let path = crate::models::resolve(&a.target, a.json)?;
     let threads = crate::threads_or_all(a.threads);
@@ -438,19 +500,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             .tokenizer
             .as_ref()
             .context("the target has no tokenizer")?;
-        let prompts: Vec<Vec<u32>> = PROMPTS
-            .iter()
-            .take(a.prompts.clamp(1, PROMPTS.len()))
-            .map(|&(p, chat)| {
-                let text = if chat {
-                    tok.template
-                        .render(&[llada_formats::tokenizer::Message::new("user", p)], true)
-                } else {
-                    p.to_string()
-                };
-                tok.encode(&text).map_err(anyhow::Error::msg)
-            })
-            .collect::<Result<_>>()?;
+        let prompts = bench_prompts(tok, a.prompts)?;
         let streamed = |m: &Model| {
             m.store.as_ref().map_or(0, |s| {
                 s.stats

@@ -77,6 +77,13 @@ pub struct TrainArgs {
     /// a draft meets during speculation).
     #[arg(long, default_value = "corpus", value_parser = ["corpus", "generated"])]
     distill_source: String,
+    /// Soft distillation: train on the target's K most likely next tokens after every prefix
+    /// (its softmax, renormalised over those K; ids outside a draft's reduced vocabulary pool
+    /// in its "other" class) instead of its argmax alone. The windows are --distill's (the same
+    /// cache); the target labels them once more with one causal forward each, cached beside
+    /// them. 0: hard distillation.
+    #[arg(long, default_value_t = 0)]
+    distill_soft: usize,
     /// Fine-tune: start from this checkpoint directory's weights (same preset) with a fresh
     /// schedule, e.g. `--init-from models/smollm2-draft --distill smollm2 --distill-source
     /// generated`.
@@ -334,6 +341,10 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         )?,
         None => vec![],
     };
+    let mut distill_soft = match (&a.distill, a.distill_soft) {
+        (Some(t), k) if k > 0 => soft_labels(t, &distill, k, a.distill_source == "generated")?,
+        _ => vec![],
+    };
     let reduced_vocab = if a.preset == "smollm2-draft" && DRAFT_VOCAB < vocab {
         // The draft embeds and predicts only the most frequent ids (one shared row for the
         // rest): its head costs K·d instead of 49152·d MACs per token.
@@ -397,6 +408,9 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
             llada_train::prose::to_rows(&row, ids.len() as u32, x);
             llada_train::prose::to_rows(&row, ids.len() as u32, y);
         }
+        for (c, p) in &mut distill_soft {
+            merge_soft_rows(&row, ids.len() as u32, a.distill_soft, c, p);
+        }
     }
     let mut opts = a.options(steps, 1.0);
     if let (true, Some(dir), Some((ids, _))) = (a.revocab, &a.init_from, &reduced_vocab) {
@@ -427,6 +441,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         seq_len,
         reduced_vocab,
         distill,
+        distill_soft,
         ar_warmup,
         two_stream: a.two_stream.unwrap_or(ar_warmup > 0.0),
     };
@@ -547,6 +562,63 @@ fn file_stem(name: &str) -> String {
         .collect()
 }
 
+/// The target that labels distillation windows, its lane, and a progress bar over `n` windows
+/// (lines every 32 windows when stderr is not a terminal).
+struct Labeller {
+    model: Model,
+    lane: Lane,
+    pb: indicatif::ProgressBar,
+    what: &'static str,
+}
+
+impl Labeller {
+    fn load(target: &str, n: usize, what: &'static str) -> Result<Self> {
+        let tpath = crate::models::resolve(target, false)?;
+        let model = Model::load(&tpath, &LoadOptions::default())
+            .with_context(|| format!("loading the distillation target {}", tpath.display()))?;
+        let lane = Lane::new("dense", crate::threads_or_all(None))?;
+        let pb = indicatif::ProgressBar::new(n as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{what} {{bar:30}} {{pos}}/{{len}} windows [{{elapsed_precise}} < {{eta_precise}}]"
+            ))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Ok(Self {
+            model,
+            lane,
+            pb,
+            what,
+        })
+    }
+
+    /// Window `i` (0-based) is done.
+    fn tick(&self, i: usize) {
+        self.pb.inc(1);
+        if (i + 1).is_multiple_of(32) && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            let n = self.pb.length().unwrap_or(0);
+            eprintln!("{}: {}/{n} windows", self.what, i + 1);
+        }
+    }
+}
+
+/// A label cache's little-endian u32 words (`None`: unreadable).
+fn read_words(path: &std::path::Path) -> Option<Vec<u32>> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+fn write_words(path: &std::path::Path, w: &[u32]) -> Result<()> {
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::create_dir_all("data")?;
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
 /// Tokens of a `generated` distillation window's corpus prefix.
 const GEN_PREFIX: usize = 32;
 
@@ -582,11 +654,7 @@ fn distill_labels(
             x == inputs[k].as_slice()
         }
     };
-    if let Ok(bytes) = std::fs::read(&cache) {
-        let w: Vec<u32> = bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+    if let Some(w) = read_words(&cache) {
         if w.len() == 3 + 2 * n * t
             && w[0] == 0x4c4c_4453
             && w[1] as usize == n
@@ -607,37 +675,132 @@ fn distill_labels(
             cache.display()
         );
     }
-    let tpath = crate::models::resolve(target, false)?;
-    let model = Model::load(&tpath, &LoadOptions::default())
-        .with_context(|| format!("loading the distillation target {}", tpath.display()))?;
-    let lane = Lane::new("dense", crate::threads_or_all(None))?;
-    let pb = indicatif::ProgressBar::new(n as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "labelling {bar:30} {pos}/{len} windows [{elapsed_precise} < {eta_precise}]",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let l = Labeller::load(target, n, "labelling")?;
     let mut out = Vec::with_capacity(n);
     for (k, x) in inputs.iter().enumerate() {
         out.push(if generated {
-            generate_window(&model, &lane, &x[..GEN_PREFIX.min(t)], k % 2 == 1, t)?
+            generate_window(&l.model, &l.lane, &x[..GEN_PREFIX.min(t)], k % 2 == 1, t)?
         } else {
-            (x.clone(), causal_argmax(&model, &lane, x)?)
+            (x.clone(), causal_argmax(&l.model, &l.lane, x)?)
         });
-        pb.inc(1);
-        if (k + 1) % 32 == 0 && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            eprintln!("labelled {}/{n} windows", k + 1);
-        }
+        l.tick(k);
     }
-    pb.finish();
+    l.pb.finish();
     let mut w: Vec<u32> = vec![0x4c4c_4453, n as u32, t as u32];
     w.extend(out.iter().flat_map(|(x, _)| x.iter().copied()));
     w.extend(out.iter().flat_map(|(_, y)| y.iter().copied()));
-    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::create_dir_all("data")?;
-    std::fs::write(&cache, bytes).with_context(|| format!("writing {}", cache.display()))?;
+    write_words(&cache, &w)?;
     Ok(out)
+}
+
+/// The target's `k` most likely next tokens after every prefix of each distillation window,
+/// with their softmax probabilities renormalised over those `k` (full ids; per window `t·k`
+/// entries, position-major): one causal forward per window. Cached in
+/// `data/distill[-gen]-softK-TARGET-NxT.bin` (magic, n, t, k, the windows' inputs, ids, then
+/// probabilities as little-endian u32 / f32), used only if its inputs are these windows.
+fn soft_labels(
+    target: &str,
+    windows: &[(Vec<u32>, Vec<u32>)],
+    k: usize,
+    generated: bool,
+) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
+    let n = windows.len();
+    let t = windows.first().map_or(0, |w| w.0.len());
+    let kind = if generated { "distill-gen" } else { "distill" };
+    let cache =
+        PathBuf::from("data").join(format!("{kind}-soft{k}-{}-{n}x{t}.bin", file_stem(target)));
+    const MAGIC: u32 = 0x4b4c_4453;
+    if let Some(w) = read_words(&cache) {
+        let head = [MAGIC, n as u32, t as u32, k as u32];
+        if w.len() == 4 + n * t + 2 * n * t * k && w[..4] == head {
+            let (xs, rest) = w[4..].split_at(n * t);
+            let (cs, ps) = rest.split_at(n * t * k);
+            if xs.chunks(t).zip(windows).all(|(x, w)| x == w.0.as_slice()) {
+                eprintln!("soft labels: {} (cached)", cache.display());
+                return Ok(cs
+                    .chunks(t * k)
+                    .zip(ps.chunks(t * k))
+                    .map(|(c, p)| (c.to_vec(), p.iter().map(|&b| f32::from_bits(b)).collect()))
+                    .collect());
+            }
+        }
+        eprintln!(
+            "{} does not match these windows: relabelling",
+            cache.display()
+        );
+    }
+    let l = Labeller::load(target, n, "soft labels")?;
+    let mut out = Vec::with_capacity(n);
+    for (i, (x, _)) in windows.iter().enumerate() {
+        out.push(causal_top_k(&l.model, &l.lane, x, k)?);
+        l.tick(i);
+    }
+    l.pb.finish();
+    let mut w: Vec<u32> = vec![MAGIC, n as u32, t as u32, k as u32];
+    w.extend(windows.iter().flat_map(|(x, _)| x.iter().copied()));
+    w.extend(out.iter().flat_map(|(c, _)| c.iter().copied()));
+    w.extend(out.iter().flat_map(|(_, p)| p.iter().map(|v| v.to_bits())));
+    write_words(&cache, &w)?;
+    Ok(out)
+}
+
+/// The `k` largest entries of the softmax of every row of one causal forward over `tokens`,
+/// renormalised over those `k`, most likely first: `(ids, probabilities)`, `tokens.len()·k`
+/// each.
+fn causal_top_k(m: &Model, lane: &Lane, tokens: &[u32], k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+    let out = causal_logits(m, lane, tokens)?;
+    let (mut ids, mut probs) = (Vec::new(), Vec::new());
+    for i in 0..tokens.len() {
+        let (c, p) = top_k_softmax(out.row(i), k);
+        ids.extend(c);
+        probs.extend(p);
+    }
+    Ok((ids, probs))
+}
+
+/// The `k` most likely classes of `softmax(logits)` (ties: lower id first), probabilities
+/// renormalised over them. Fewer than `k` logits: all of them.
+fn top_k_softmax(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let k = k.min(idx.len());
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_by(by_logit);
+    let max = idx.first().map_or(0.0, |&i| logits[i as usize]);
+    let e: Vec<f32> = idx
+        .iter()
+        .map(|&i| (logits[i as usize] - max).exp())
+        .collect();
+    let z: f32 = e.iter().sum();
+    (idx, e.into_iter().map(|v| v / z).collect())
+}
+
+/// Soft labels (full ids) into a reduced vocabulary's rows: ids that share a row (the "other"
+/// row) have their probabilities added, and each position keeps `k` entries (padding: row 0
+/// with probability 0).
+fn merge_soft_rows(row: &[u32], other: u32, k: usize, classes: &mut [u32], probs: &mut [f32]) {
+    for (c, p) in classes.chunks_mut(k).zip(probs.chunks_mut(k)) {
+        let mut merged: Vec<(u32, f32)> = Vec::with_capacity(k);
+        for (&id, &q) in c.iter().zip(p.iter()) {
+            let r = row.get(id as usize).copied().unwrap_or(other);
+            match merged.iter_mut().find(|(m, _)| *m == r) {
+                Some(e) => e.1 += q,
+                None => merged.push((r, q)),
+            }
+        }
+        merged.resize(k, (0, 0.0));
+        for (j, (r, q)) in merged.into_iter().enumerate() {
+            c[j] = r;
+            p[j] = q;
+        }
+    }
 }
 
 /// A `t`-token window — `prefix` (as raw text, or inside a chat request) continued by the
@@ -724,6 +887,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
     keep_freed_pages();
     if a.distill.is_some() && a.preset != "smollm2-draft" {
         bail!("--distill applies to drafts (--preset smollm2-draft)");
+    }
+    if a.distill_soft > 0 && a.distill.is_none() {
+        bail!("--distill-soft needs --distill TARGET (the model whose distribution is learnt)");
+    }
+    if a.distill_soft == 1 || a.distill_soft > 256 {
+        bail!("--distill-soft takes 0 (hard labels) or 2 to 256 classes per position");
     }
     if !a.target_layers.is_empty() {
         if a.preset != "smollm2-draft" {
@@ -1175,12 +1344,12 @@ pub struct EvalArgs {
     json: bool,
 }
 
-/// Argmax of each row of a forward over `tokens` (causal), one per position.
-fn causal_argmax(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<Vec<u32>> {
+/// Logits of every row of one causal forward over `tokens` (a fresh cache, nothing kept).
+fn causal_logits(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<llada_model::ForwardOutput> {
     use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows};
     let pos: Vec<u32> = (0..tokens.len() as u32).collect();
     let mut cache = m.new_cache();
-    let out = lane.run(|| {
+    Ok(lane.run(|| {
         m.forward(
             &ForwardRequest {
                 tokens,
@@ -1191,7 +1360,12 @@ fn causal_argmax(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<Vec<u32>> {
             },
             &mut cache,
         )
-    })?;
+    })?)
+}
+
+/// Argmax of each row of a forward over `tokens` (causal), one per position.
+fn causal_argmax(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<Vec<u32>> {
+    let out = causal_logits(m, lane, tokens)?;
     Ok((0..tokens.len())
         .map(|i| llada_decode::sampling::argmax(out.row(i)))
         .collect())
@@ -1434,4 +1608,36 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Top-k of a softmax against values worked by hand: logits ln 4, ln 2, ln 1, ln 1 (softmax
+    /// 0.5, 0.25, 0.125, 0.125); the top 3 renormalised are 4/7, 2/7, 1/7, ties to the lower id.
+    #[test]
+    fn top_k_softmax_renormalises_the_largest() {
+        let l = [1f32.ln(), 4f32.ln(), 1f32.ln(), 2f32.ln()];
+        let (c, p) = top_k_softmax(&l, 3);
+        assert_eq!(c, vec![1, 3, 0]);
+        for (got, want) in p.iter().zip([4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0]) {
+            assert!((got - want).abs() < 1e-6, "{p:?}");
+        }
+        let (c, p) = top_k_softmax(&l, 9);
+        assert_eq!(c, vec![1, 3, 0, 2]);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    /// Ids sharing the "other" row pool their probability; positions keep k entries.
+    #[test]
+    fn soft_labels_merge_into_reduced_rows() {
+        // Reduced vocabulary {5, 7} over 10 ids: rows 0, 1; everything else row 2.
+        let row = llada_train::prose::row_map(&[5, 7], 10);
+        let mut c = vec![7, 3, 9, 5, 5, 7];
+        let mut p = vec![0.5, 0.3, 0.2, 0.6, 0.0, 0.4];
+        merge_soft_rows(&row, 2, 3, &mut c, &mut p);
+        assert_eq!(c, vec![1, 2, 0, 0, 1, 0]);
+        assert_eq!(p, vec![0.5, 0.5, 0.0, 0.6, 0.4, 0.0]);
+    }
 }

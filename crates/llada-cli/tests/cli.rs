@@ -222,6 +222,26 @@ fn bad_input_is_a_clear_error() {
             "--revocab moves a draft checkpoint",
         ),
         (
+            &["bench", "spec", "--prompts", "0"],
+            "--prompts must be at least 1",
+        ),
+        (
+            &["train", "--preset", "smollm2-draft", "--distill-soft", "8"],
+            "--distill-soft needs --distill",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "smollm2-draft",
+                "--distill",
+                "smollm2",
+                "--distill-soft",
+                "1",
+            ],
+            "--distill-soft takes 0",
+        ),
+        (
             &[
                 "train",
                 "--preset",

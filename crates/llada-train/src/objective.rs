@@ -23,6 +23,16 @@ pub struct Batch {
     pub causal: bool,
     /// A [`two_stream_batch`]: `ids` are `[B, 2T]` (content stream, then query stream).
     pub two_stream: bool,
+    /// Soft targets (distillation from a teacher's top-k), replacing `targets` in the loss.
+    pub soft: Option<SoftTargets>,
+}
+
+/// A sparse target distribution per position: `k` = `classes.len() / positions` classes and
+/// their probabilities, row-major like `targets` (entries of probability 0 are padding).
+#[derive(Debug, Clone, Default)]
+pub struct SoftTargets {
+    pub classes: Vec<u32>,
+    pub probs: Vec<f32>,
 }
 
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
@@ -164,6 +174,7 @@ pub fn diffusion_batch_padded(
         tokens: b * t,
         causal: false,
         two_stream: false,
+        soft: None,
     })
 }
 
@@ -203,6 +214,7 @@ fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Ba
         tokens: b * t,
         causal: true,
         two_stream: false,
+        soft: None,
     })
 }
 
@@ -254,6 +266,7 @@ pub fn two_stream_rows(
         tokens: b * t,
         causal: false,
         two_stream: true,
+        soft: None,
     })
 }
 
@@ -274,6 +287,20 @@ pub fn two_stream_layout(t: usize) -> (Vec<u32>, crate::ops::Visibility) {
 /// `[B, T − 1]`: output `i` predicts target `i`, and the last output carries no loss.
 pub fn weighted_ce(logits: &Tensor, batch: &Batch, shift: bool) -> Result<Tensor> {
     let b = logits.dim(0)?;
+    if let Some(soft) = &batch.soft {
+        if shift {
+            candle_core::bail!("soft targets are for causal drafts, not shifted diffusion logits");
+        }
+        let weights = batch.weights.flatten_all()?.to_vec1::<f32>()?;
+        return crate::ops::weighted_soft_nll(
+            logits,
+            soft.classes.clone(),
+            Some(soft.probs.clone()),
+            weights,
+        )?
+        .sum_all()?
+            / b as f64;
+    }
     // One fused pass over the logits forward and one backward (crate::ops::weighted_nll).
     let mut targets = batch.targets.flatten_all()?.to_vec1::<u32>()?;
     let mut weights = batch.weights.flatten_all()?.to_vec1::<f32>()?;

@@ -188,26 +188,53 @@ impl CustomOp2 for SoftmaxGrad {
 /// logits `[.., V]` (shape of the result: the leading dimensions). `targets` and `weights` have
 /// one entry per row; a target outside `0..V` is an error.
 pub fn weighted_nll(logits: &Tensor, targets: Vec<u32>, weights: Vec<f32>) -> Result<Tensor> {
+    weighted_soft_nll(logits, targets, None, weights)
+}
+
+/// Per-row weighted cross-entropy against a sparse target distribution: row `r` has `k`
+/// classes `c[r·k..r·k+k]` with probabilities `p[..]` (summing to 1 for a proper
+/// distribution; 0-probability entries are padding), and costs
+/// `w[r] · (logsumexp(x[r]) − Σ_j p[r,j] · x[r, c[r,j]])` — soft distillation from a teacher's
+/// top-k. `probs = None` is [`weighted_nll`] (`k` = 1, probability 1). The gradient is
+/// `w · (softmax(x) − Σ_j p_j · onehot(c_j))`. One fused pass forward and one backward, like
+/// the hard case: candle's composed `log_softmax` + `gather` materialises three copies of
+/// the `[rows × V]` logits.
+pub fn weighted_soft_nll(
+    logits: &Tensor,
+    classes: Vec<u32>,
+    probs: Option<Vec<f32>>,
+    weights: Vec<f32>,
+) -> Result<Tensor> {
     let dims = logits.dims();
     let v = *dims.last().unwrap_or(&0);
     let rows = logits.elem_count() / v.max(1);
-    if v == 0 || targets.len() != rows || weights.len() != rows {
+    if rows == 0 && v > 0 && classes.is_empty() && weights.is_empty() {
+        return Tensor::zeros(&dims[..dims.len() - 1], logits.dtype(), logits.device());
+    }
+    let k = classes.len() / rows.max(1);
+    if v == 0
+        || k == 0
+        || classes.len() != rows * k
+        || weights.len() != rows
+        || probs.as_ref().is_some_and(|p| p.len() != classes.len())
+        || (probs.is_none() && k != 1)
+    {
         candle_core::bail!(
-            "weighted_nll: {rows} rows of {v} logits, {} targets, {} weights",
-            targets.len(),
+            "weighted_nll: {rows} rows of {v} logits, {} targets, {} probabilities, {} weights",
+            classes.len(),
+            probs.as_ref().map_or(0, Vec::len),
             weights.len()
         );
     }
-    if let Some(t) = targets.iter().find(|&&t| t as usize >= v) {
+    if let Some(t) = classes.iter().find(|&&t| t as usize >= v) {
         candle_core::bail!("weighted_nll: target {t} outside the {v}-entry vocabulary");
-    }
-    if rows == 0 {
-        return Tensor::zeros(&dims[..dims.len() - 1], logits.dtype(), logits.device());
     }
     logits
         .contiguous()?
         .apply_op1(WeightedNll {
-            targets: std::sync::Arc::new(targets),
+            k,
+            targets: std::sync::Arc::new(classes),
+            probs: probs.map(std::sync::Arc::new),
             weights: std::sync::Arc::new(weights),
             shift: Default::default(),
         })?
@@ -223,11 +250,29 @@ fn max_and_log_sum_exp(x: &[f32]) -> (f32, f32) {
 
 #[derive(Clone)]
 struct WeightedNll {
+    /// Target classes per row.
+    k: usize,
     targets: std::sync::Arc<Vec<u32>>,
+    /// Their probabilities (`None`: one class of probability 1 per row).
+    probs: Option<std::sync::Arc<Vec<f32>>>,
     weights: std::sync::Arc<Vec<f32>>,
     /// `max + logsumexp` of each weighted row, kept by the forward pass for the backward (the
     /// graph holds this op, so the backward sees what the forward stored).
     shift: std::sync::Arc<std::sync::OnceLock<Vec<f32>>>,
+}
+
+impl WeightedNll {
+    /// Row `r`'s target classes and their probabilities.
+    fn targets(&self, r: usize) -> impl Iterator<Item = (usize, f32)> + '_ {
+        let span = r * self.k..(r + 1) * self.k;
+        self.targets[span.clone()]
+            .iter()
+            .enumerate()
+            .map(move |(j, &c)| {
+                let p = self.probs.as_ref().map_or(1.0, |p| p[span.start + j]);
+                (c as usize, p)
+            })
+    }
 }
 
 impl CustomOp1 for WeightedNll {
@@ -237,7 +282,7 @@ impl CustomOp1 for WeightedNll {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, self.name())?;
-        let rows = self.targets.len();
+        let rows = self.weights.len();
         let v = x.len() / rows.max(1);
         let mut out = vec![0f32; rows];
         let mut shift = vec![0f32; rows];
@@ -250,7 +295,7 @@ impl CustomOp1 for WeightedNll {
                 if w != 0.0 {
                     let (max, lse) = max_and_log_sum_exp(x);
                     *sh = max + lse;
-                    *o = w * (*sh - x[self.targets[r] as usize]);
+                    *o = w * self.targets(r).map(|(c, p)| p * (*sh - x[c])).sum::<f32>();
                 }
             });
         // Set once: every `weighted_nll` call builds a fresh op, and candle runs its forward once.
@@ -266,7 +311,8 @@ impl CustomOp1 for WeightedNll {
     }
 }
 
-/// `dx[r] = g[r] · w[r] · (softmax(x[r]) − onehot(t[r]))`.
+/// `dx[r] = g[r] · w[r] · (Σ_j p_j · softmax(x[r]) − Σ_j p_j · onehot(c_j))` (for a proper
+/// distribution Σ_j p_j = 1).
 struct WeightedNllGrad(WeightedNll);
 
 impl CustomOp2 for WeightedNllGrad {
@@ -283,16 +329,16 @@ impl CustomOp2 for WeightedNllGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s1, l1, self.name())?;
         let g = f32_slice(s2, l2, self.name())?;
-        let (targets, weights) = (&self.0.targets, &self.0.weights);
-        if g.len() != targets.len() {
+        let weights = &self.0.weights;
+        if g.len() != weights.len() {
             candle_core::bail!(
                 "{}: {} gradients for {} rows",
                 self.name(),
                 g.len(),
-                targets.len()
+                weights.len()
             );
         }
-        let v = x.len() / targets.len().max(1);
+        let v = x.len() / weights.len().max(1);
         let Some(shifts) = self.0.shift.get() else {
             candle_core::bail!("{}: backward before forward", self.name());
         };
@@ -305,11 +351,14 @@ impl CustomOp2 for WeightedNllGrad {
                 if scale == 0.0 {
                     return;
                 }
+                let mass: f32 = self.0.targets(r).map(|(_, p)| p).sum();
                 let shift = shifts[r];
                 for (d, &x) in d.iter_mut().zip(x) {
-                    *d = scale * (x - shift).exp();
+                    *d = scale * mass * (x - shift).exp();
                 }
-                d[targets[r] as usize] -= scale;
+                for (c, p) in self.0.targets(r) {
+                    d[c] -= scale * p;
+                }
             });
         Ok((CpuStorage::F32(dst), l1.shape().clone()))
     }
@@ -402,6 +451,24 @@ mod tests {
         Ok(())
     }
 
+    /// A fused loss and its composed reference agree in value (1e-5) and in the gradient of
+    /// `Σ loss · up` with respect to `x` (relative 1e-5); returns the fused gradient.
+    fn assert_same_loss(x: &Var, fused: &Tensor, composed: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let diff = (fused - composed)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "forward differs by {diff}");
+        let gf = (fused * up)?.sum_all()?.backward()?;
+        let gc = (composed * up)?.sum_all()?.backward()?;
+        let (gf, gc) = (
+            gf.get(x.as_tensor()).expect("fused grad"),
+            gc.get(x.as_tensor()).expect("composed grad"),
+        );
+        let diff = (gf - gc)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = gc.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(scale > 1e-2, "the test's gradients must not vanish");
+        assert!(diff < 1e-5 * scale.max(1.0), "gradient differs by {diff}");
+        Ok(gf.clone())
+    }
+
     /// Random logits, targets and weights (some 0): per-row values and the logits' gradient of
     /// the fused NLL against `log_softmax` + `gather` composed by candle.
     #[test]
@@ -425,20 +492,8 @@ mod tests {
         let wt = Tensor::from_vec(weights.clone(), (b, t), &dev)?;
         let lsm = candle_nn::ops::log_softmax(x.as_tensor(), D::Minus1)?;
         let composed = (lsm.gather(&tt, D::Minus1)?.squeeze(D::Minus1)?.neg()? * &wt)?;
-        let diff = (&fused - &composed)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-5, "forward differs by {diff}");
         // A non-uniform upstream gradient, so the per-row scale is exercised.
-        let up = randn(4, 1.0, &[b, t])?;
-        let gf = (&fused * &up)?.sum_all()?.backward()?;
-        let gc = (&composed * &up)?.sum_all()?.backward()?;
-        let (gf, gc) = (
-            gf.get(x.as_tensor()).expect("fused grad"),
-            gc.get(x.as_tensor()).expect("composed grad"),
-        );
-        let diff = (gf - gc)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        let scale = gc.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(scale > 1e-2, "the test's gradients must not vanish");
-        assert!(diff < 1e-5 * scale.max(1.0), "gradient differs by {diff}");
+        let gf = assert_same_loss(&x, &fused, &composed, &randn(4, 1.0, &[b, t])?)?;
         // Rows of weight 0 get no gradient at all.
         let row1 = gf.i((0, 1))?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert_eq!(row1, 0.0);
@@ -446,6 +501,61 @@ mod tests {
         // No rows: an empty result, not a panic.
         let empty = weighted_nll(&Tensor::zeros((0, t, v), DType::F32, &dev)?, vec![], vec![])?;
         assert_eq!(empty.dims(), &[0, t]);
+        Ok(())
+    }
+
+    /// Soft targets (k classes per row, probabilities summing to 1, one padded entry of
+    /// probability 0, a repeated class): values and gradient against candle's composed
+    /// `−Σ_j p_j · log_softmax(x)[c_j]`, and the hard case as k = 1 with probability 1.
+    #[test]
+    fn soft_nll_matches_composed_log_softmax() -> Result<()> {
+        let dev = Device::Cpu;
+        let (rows, k, v) = (6, 3, 11);
+        let x = Var::from_tensor(&randn(5, 2.0, &[rows, v])?)?;
+        let mut classes = Vec::new();
+        let mut probs = Vec::new();
+        for r in 0..rows {
+            let c = [
+                (r * 3) % v,
+                (r * 5 + 1) % v,
+                if r == 2 { (r * 3) % v } else { 7 },
+            ];
+            let p = if r == 4 {
+                [0.9, 0.1, 0.0]
+            } else {
+                [0.5, 0.3, 0.2]
+            };
+            classes.extend(c.iter().map(|&c| c as u32));
+            probs.extend(p);
+        }
+        let weights: Vec<f32> = (0..rows).map(|r| 0.25 + r as f32 * 0.1).collect();
+        let fused = weighted_soft_nll(
+            x.as_tensor(),
+            classes.clone(),
+            Some(probs.clone()),
+            weights.clone(),
+        )?;
+        let lsm = candle_nn::ops::log_softmax(x.as_tensor(), D::Minus1)?;
+        let ct = Tensor::from_vec(classes.clone(), (rows, k), &dev)?;
+        let pt = Tensor::from_vec(probs.clone(), (rows, k), &dev)?;
+        let wt = Tensor::from_vec(weights.clone(), rows, &dev)?;
+        let composed = ((lsm.gather(&ct, D::Minus1)? * &pt)?.sum(D::Minus1)?.neg()? * &wt)?;
+        assert_same_loss(&x, &fused, &composed, &randn(6, 1.0, &[rows])?)?;
+        // k = 1 with probability 1 is the hard loss.
+        let hard_t: Vec<u32> = classes.iter().step_by(k).copied().collect();
+        let hard = weighted_nll(x.as_tensor(), hard_t.clone(), weights.clone())?;
+        let one = weighted_soft_nll(x.as_tensor(), hard_t, Some(vec![1.0; rows]), weights)?;
+        let diff = (hard - one)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+        // Mismatched lengths are errors, not panics.
+        assert!(weighted_soft_nll(
+            x.as_tensor(),
+            classes.clone(),
+            Some(vec![1.0; 2]),
+            vec![1.0; rows]
+        )
+        .is_err());
+        assert!(weighted_soft_nll(x.as_tensor(), classes, None, vec![1.0; rows]).is_err());
         Ok(())
     }
 }

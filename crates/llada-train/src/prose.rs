@@ -192,6 +192,7 @@ pub fn pretrain_batch(
         tokens: b * t,
         causal: false,
         two_stream: false,
+        soft: None,
     })
 }
 
@@ -222,6 +223,7 @@ pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
         tokens: b * t,
         causal: true,
         two_stream: false,
+        soft: None,
     })
 }
 

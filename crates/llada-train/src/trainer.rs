@@ -287,6 +287,9 @@ pub struct ProseData {
     /// target's greedy choice, which is what speculative acceptance rewards); the held-out
     /// loss stays next-token on the corpus.
     pub distill: Vec<(Vec<u32>, Vec<u32>)>,
+    /// Soft labels of the distillation windows (empty: hard distillation): per window `T·k`
+    /// classes (row indices) and probabilities, see [`distill_batch`].
+    pub distill_soft: Vec<(Vec<u32>, Vec<f32>)>,
     /// LLaDA prose: fraction of the run's progress trained autoregressively first (see
     /// [`TaskData::ar_warmup`]): with [`crate::prose::two_stream_windows`] when `two_stream`,
     /// else plain next-token windows. Other formats ignore it.
@@ -295,8 +298,14 @@ pub struct ProseData {
 }
 
 /// A distillation batch: `b` windows drawn uniformly from `set`, weights `1/T` per position.
+/// With `soft` (one entry per window of `set`: `T·k` classes and their probabilities, the
+/// teacher's top-k after every prefix), the batch carries those as [`SoftTargets`] and the loss
+/// is the cross-entropy against them; `targets` keep the argmax labels.
+///
+/// [`SoftTargets`]: crate::objective::SoftTargets
 pub fn distill_batch(
     set: &[(Vec<u32>, Vec<u32>)],
+    soft: &[(Vec<u32>, Vec<f32>)],
     b: usize,
     rng: &mut rand::rngs::StdRng,
     dev: &Device,
@@ -306,11 +315,24 @@ pub fn distill_batch(
         .first()
         .map(|w| w.0.len())
         .context("empty distillation set")?;
+    if !soft.is_empty() && soft.len() != set.len() {
+        anyhow::bail!(
+            "{} soft-label windows for {} distillation windows",
+            soft.len(),
+            set.len()
+        );
+    }
     let (mut ids, mut tg) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+    let mut st = crate::objective::SoftTargets::default();
     for _ in 0..b {
-        let (x, y) = &set[rand::Rng::random_range(&mut *rng, 0..set.len())];
+        let k = rand::Rng::random_range(&mut *rng, 0..set.len());
+        let (x, y) = &set[k];
         ids.extend_from_slice(x);
         tg.extend_from_slice(y);
+        if let Some((c, p)) = soft.get(k) {
+            st.classes.extend_from_slice(c);
+            st.probs.extend_from_slice(p);
+        }
     }
     Ok(crate::objective::Batch {
         ids: Tensor::from_vec(ids, (b, t), dev)?,
@@ -319,6 +341,7 @@ pub fn distill_batch(
         tokens: b * t,
         causal: true,
         two_stream: false,
+        soft: (!soft.is_empty()).then_some(st),
     })
 }
 
@@ -347,7 +370,7 @@ impl DataSource for ProseData {
                 dev,
             )?,
             Format::Llama if !heldout && !self.distill.is_empty() => {
-                distill_batch(&self.distill, self.batch, rng, dev)?
+                distill_batch(&self.distill, &self.distill_soft, self.batch, rng, dev)?
             }
             Format::Llama => crate::prose::next_token_windows(
                 &self

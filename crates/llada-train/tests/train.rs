@@ -339,6 +339,7 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         seq_len: 8,
         reduced_vocab: Some((ids.clone(), vocab)),
         distill: vec![],
+        distill_soft: vec![],
         ar_warmup: 0.0,
         two_stream: false,
     };
@@ -398,7 +399,8 @@ fn distillation_batches_pair_windows_with_their_labels() {
         })
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let b = distill_batch(&set, 64, &mut rng, &Device::Cpu).unwrap();
+    let b = distill_batch(&set, &[], 64, &mut rng, &Device::Cpu).unwrap();
+    assert!(b.soft.is_none());
     let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
     let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
     let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
@@ -411,6 +413,23 @@ fn distillation_batches_pair_windows_with_their_labels() {
         assert!(w[r].iter().all(|&x| (x - 0.25).abs() < 1e-7));
     }
     assert!(seen.iter().all(|&s| s));
+    // Soft labels travel with their window: window k's classes are 1000·k + position.
+    let soft: Vec<(Vec<u32>, Vec<f32>)> = (0..5u32)
+        .map(|k| {
+            (
+                (0..8).map(|i| 1000 * k + i / 2).collect(),
+                vec![0.75, 0.25, 0.75, 0.25, 0.75, 0.25, 0.75, 0.25],
+            )
+        })
+        .collect();
+    let b = distill_batch(&set, &soft, 16, &mut rng, &Device::Cpu).unwrap();
+    let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+    let st = b.soft.expect("soft targets");
+    assert_eq!(st.classes.len(), 16 * 8);
+    for (row, got) in ids.iter().zip(st.classes.chunks(8)) {
+        assert_eq!(got, &soft[(row[0] / 10) as usize].0[..]);
+    }
+    assert!(distill_batch(&set, &soft[..2], 4, &mut rng, &Device::Cpu).is_err());
 }
 
 /// A time-budgeted run follows the budget: its progress (curriculum and learning-rate decay)
