@@ -17,7 +17,7 @@ pub mod types;
 pub mod vecops;
 
 pub use qmatmul::{
-    matmul_f32, weight_memory, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs,
+    matmul_f32, recycle, weight_memory, ActLayout, ByteOwner, QMatrix, QMatrixError, QuantizedActs,
     StagingBytes,
 };
 pub use types::GgmlType;

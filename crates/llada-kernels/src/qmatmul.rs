@@ -30,23 +30,35 @@ pub type ByteOwner = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// Packed weights live in an anonymous mapping advised for transparent huge pages: decoding
 /// streams every weight once per token, and 4 KiB pages would cost a TLB miss every few rows.
-pub struct WeightBuf(memmap2::MmapMut);
+/// A streamed unit's matrices are carved out of one recycled arena instead ([`recycle`]).
+pub struct WeightBuf(Backing);
+
+enum Backing {
+    Own(memmap2::MmapMut),
+    Carved {
+        arena: Arc<recycle::Arena>,
+        off: usize,
+        len: usize,
+    },
+}
 
 impl WeightBuf {
-    fn zeroed(len: usize) -> Self {
-        // An anonymous map of 0 bytes is an error; keep at least one page.
-        let map = memmap2::MmapMut::map_anon(len.max(1))
-            .unwrap_or_else(|e| panic!("cannot allocate {len} bytes for weights: {e}"));
-        #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage);
-        weight_memory::add(map.len());
-        Self(map)
+    /// `len` bytes: zero in a fresh mapping; in an arena ([`recycle::in_arena`]) the old bytes
+    /// of a recycled one, so callers write every byte (the repack clears each row first).
+    fn alloc(len: usize) -> Self {
+        recycle::note(len);
+        if let Some((arena, off)) = recycle::carve(len) {
+            return Self(Backing::Carved { arena, off, len });
+        }
+        Self(Backing::Own(recycle::fresh_map(len)))
     }
 }
 
 impl Drop for WeightBuf {
     fn drop(&mut self) {
-        weight_memory::sub(self.0.len());
+        if let Backing::Own(map) = &self.0 {
+            weight_memory::sub(map.len());
+        }
     }
 }
 
@@ -79,12 +91,19 @@ pub mod weight_memory {
     }
 }
 
-/// A staging buffer for weight bytes read from storage (counted in [`weight_memory`]).
+/// A staging buffer for weight bytes read from storage (counted in [`weight_memory`]); its
+/// allocation is recycled ([`recycle`]) while a pool is armed.
 pub struct StagingBytes(Vec<u8>);
 
 impl StagingBytes {
-    /// `len` zero bytes.
-    pub fn zeroed(len: usize) -> Self {
+    /// `len` bytes to be overwritten by a read (zero, or old bytes of a recycled buffer).
+    pub fn for_read(len: usize) -> Self {
+        if let Some(mut v) = recycle::take_bytes(len) {
+            // A recycled buffer keeps its length: shrinking writes nothing, growing zeroes
+            // only the new tail (a read overwrites it all anyway).
+            v.resize(len, 0);
+            return Self(v);
+        }
         weight_memory::add(len);
         Self(vec![0u8; len])
     }
@@ -101,20 +120,244 @@ impl AsRef<[u8]> for StagingBytes {
 
 impl Drop for StagingBytes {
     fn drop(&mut self) {
-        weight_memory::sub(self.0.len());
+        let v = std::mem::take(&mut self.0);
+        let cap = v.capacity();
+        if !recycle::keep(recycle::Buf::Bytes(v)) {
+            weight_memory::sub(cap);
+        }
+    }
+}
+
+/// Recycling of streamed weight buffers.
+///
+/// A model streamed under a memory budget rebuilds the same units on every forward pass.
+/// Allocating their buffers fresh cost more CPU than reading the bytes: page faults, the kernel
+/// zeroing every new page and `munmap` on drop took ≈ 60 % of the storage thread's time on
+/// SmolLM2-135M at a 25 % budget (perf, stop 23), and that thread, not the storage device,
+/// bounded a pass. So a streamed unit is built inside one **arena** ([`in_arena`]): every
+/// matrix it repacks is carved from it, and when the unit's last matrix drops, the arena goes
+/// back to a pool for the next unit; read buffers ([`StagingBytes`]) are pooled likewise. The
+/// pool holds at most what [`keep_up_to`] allows (0 by default: nothing is kept). Arenas and
+/// pooled buffers are counted in [`weight_memory`]: they are memory the process holds.
+pub mod recycle {
+    use super::weight_memory;
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// Carved allocations start on this boundary (the kernels' vector loads).
+    const ALIGN: usize = 64;
+
+    /// One block of memory that a streamed unit's matrices are carved from. Carved ranges are
+    /// disjoint, and each is written only by the [`super::WeightBuf`] that owns it.
+    pub struct Arena {
+        map: Option<memmap2::MmapMut>,
+        base: *mut u8,
+        len: usize,
+    }
+
+    // SAFETY: the arena's memory is only reached through disjoint carved ranges, each owned by
+    // one `WeightBuf` (mutated while it is built, before it is shared, then read-only).
+    unsafe impl Send for Arena {}
+    unsafe impl Sync for Arena {}
+
+    impl Arena {
+        /// The carved range `[off, off + len)`.
+        ///
+        /// # Safety
+        /// `off + len <= self.len`, and no other live slice overlaps the range mutably.
+        pub(crate) unsafe fn slice(&self, off: usize, len: usize) -> &[u8] {
+            unsafe { std::slice::from_raw_parts(self.base.add(off), len) }
+        }
+        /// # Safety
+        /// As [`Self::slice`], and the caller is the range's only user.
+        #[allow(clippy::mut_from_ref)]
+        pub(crate) unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(off), len) }
+        }
+    }
+
+    impl Drop for Arena {
+        fn drop(&mut self) {
+            if let Some(map) = self.map.take() {
+                let len = map.len();
+                if !keep(Buf::Map(map)) {
+                    weight_memory::sub(len);
+                }
+            }
+        }
+    }
+
+    pub(crate) enum Buf {
+        Map(memmap2::MmapMut),
+        Bytes(Vec<u8>),
+    }
+
+    impl Buf {
+        fn bytes(&self) -> usize {
+            match self {
+                Buf::Map(m) => m.len(),
+                Buf::Bytes(v) => v.capacity(),
+            }
+        }
+    }
+
+    struct Pool {
+        bytes: u64,
+        free: Vec<Buf>,
+    }
+
+    static POOL: Mutex<Pool> = Mutex::new(Pool {
+        bytes: 0,
+        free: Vec::new(),
+    });
+    static CAP: AtomicU64 = AtomicU64::new(0);
+
+    thread_local! {
+        /// The arena of the unit this thread is building, and its next free offset.
+        static CURRENT: RefCell<Option<(Arc<Arena>, usize)>> = const { RefCell::new(None) };
+    }
+
+    /// Keep up to `bytes` of dropped arenas and read buffers for reuse (the largest cap asked
+    /// for wins; 0, the default, keeps nothing).
+    pub fn keep_up_to(bytes: u64) {
+        CAP.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes held in the pool now.
+    pub fn pooled_bytes() -> u64 {
+        POOL.lock().map(|p| p.bytes).unwrap_or(0)
+    }
+
+    /// A fresh anonymous mapping of `len` bytes (at least one page), counted.
+    pub(crate) fn fresh_map(len: usize) -> memmap2::MmapMut {
+        let len = len.max(1);
+        let map = memmap2::MmapMut::map_anon(len)
+            .unwrap_or_else(|e| panic!("cannot allocate {len} bytes for weights: {e}"));
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        weight_memory::add(map.len());
+        map
+    }
+
+    /// Offer a dropped buffer to the pool; `false` if it was not kept (the caller frees it).
+    pub(crate) fn keep(b: Buf) -> bool {
+        let cap = CAP.load(Ordering::Relaxed);
+        if cap == 0 {
+            return false;
+        }
+        let Ok(mut p) = POOL.lock() else {
+            return false;
+        };
+        let n = b.bytes() as u64;
+        if p.bytes + n > cap {
+            return false;
+        }
+        p.bytes += n;
+        p.free.push(b);
+        true
+    }
+
+    /// A pooled read buffer with room for `len` bytes (and not more than twice that).
+    pub(crate) fn take_bytes(len: usize) -> Option<Vec<u8>> {
+        let mut p = POOL.lock().ok()?;
+        let i = p.free.iter().position(
+            |b| matches!(b, Buf::Bytes(v) if v.capacity() >= len && v.capacity() <= 2 * len.max(1)),
+        )?;
+        let b = p.free.swap_remove(i);
+        p.bytes -= b.bytes() as u64;
+        match b {
+            Buf::Bytes(v) => Some(v),
+            Buf::Map(_) => None,
+        }
+    }
+
+    fn take_map(len: usize) -> Option<memmap2::MmapMut> {
+        let mut p = POOL.lock().ok()?;
+        let i = p
+            .free
+            .iter()
+            .position(|b| matches!(b, Buf::Map(m) if m.len() == len))?;
+        let b = p.free.swap_remove(i);
+        p.bytes -= b.bytes() as u64;
+        match b {
+            Buf::Map(m) => Some(m),
+            Buf::Bytes(_) => None,
+        }
+    }
+
+    /// Run `f` with an arena of `bytes` (pooled, or fresh) as this thread's allocator of
+    /// packed weights: matrices built inside are carved from it while it has room (then from
+    /// fresh mappings). The arena returns to the pool when the last of them drops.
+    pub fn in_arena<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
+        let bytes = bytes.max(1);
+        let mut map = take_map(bytes).unwrap_or_else(|| fresh_map(bytes));
+        let base = map.as_mut_ptr();
+        let arena = Arc::new(Arena {
+            map: Some(map),
+            base,
+            len: bytes,
+        });
+        let before = CURRENT.with(|c| c.borrow_mut().replace((arena, 0)));
+        let r = f();
+        CURRENT.with(|c| *c.borrow_mut() = before);
+        r
+    }
+
+    /// Carve `len` bytes from this thread's arena, if one is set and has room.
+    pub(crate) fn carve(len: usize) -> Option<(Arc<Arena>, usize)> {
+        CURRENT.with(|c| {
+            let mut c = c.borrow_mut();
+            let (arena, next) = c.as_mut()?;
+            let off = next.next_multiple_of(ALIGN);
+            if len == 0 || off + len > arena.len {
+                return None;
+            }
+            *next = off + len;
+            Some((arena.clone(), off))
+        })
+    }
+
+    /// Bytes an arena needs to hold everything `f` allocates (run once per unit at load).
+    pub fn measure<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        MEASURE.with(|m| m.set(Some(0)));
+        let r = f();
+        let n = MEASURE.with(|m| m.take()).unwrap_or(0);
+        (r, n)
+    }
+
+    thread_local! {
+        static MEASURE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Account an allocation of `len` bytes to a running [`measure`].
+    pub(crate) fn note(len: usize) {
+        MEASURE.with(|m| {
+            if let Some(n) = m.get() {
+                m.set(Some(n.next_multiple_of(ALIGN) + len));
+            }
+        });
     }
 }
 
 impl std::ops::Deref for WeightBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Backing::Own(m) => m,
+            // SAFETY: the range was carved for this buffer alone and lies inside the arena.
+            Backing::Carved { arena, off, len } => unsafe { arena.slice(*off, *len) },
+        }
     }
 }
 
 impl std::ops::DerefMut for WeightBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.0
+        match &mut self.0 {
+            Backing::Own(m) => m,
+            // SAFETY: as above; `&mut self` makes this the range's only user.
+            Backing::Carved { arena, off, len } => unsafe { arena.slice_mut(*off, *len) },
+        }
     }
 }
 
@@ -174,6 +417,106 @@ pub enum QMatrixError {
     },
 }
 
+/// Packed layout of a `cols`-wide row of `ty`: kind, blocks, blocks rounded up to 2 (value
+/// array) and to 8 (scale arrays), and the row's stride in bytes.
+fn layout(ty: GgmlType, cols: usize) -> (Kind, usize, usize, usize, usize) {
+    let kind = match ty {
+        GgmlType::Q4_0 => Kind::Q4D16,
+        GgmlType::Q4_1 => Kind::Q4DM16,
+        GgmlType::Q4K => Kind::Q4DM32,
+        _ => Kind::Q8D16,
+    };
+    let nb = cols / 32;
+    let nbp = nb.next_multiple_of(8);
+    let nbe = nb.next_multiple_of(2);
+    let stride = match kind {
+        Kind::Q4D16 => nbe * 16 + nbp * 2,
+        Kind::Q4DM16 => nbe * 16 + nbp * 4,
+        Kind::Q4DM32 => nbe * 16 + nbp * 8,
+        Kind::Q8D16 => nb * 32 + nbp * 2,
+    }
+    .next_multiple_of(32);
+    (kind, nb, nbe, nbp, stride)
+}
+
+/// Repack one GGML row `s` (`nb` blocks of `ty`) into the packed row `dst` (layout of `kind`,
+/// module docs); every byte of `dst` is written.
+fn repack_row(
+    ty: GgmlType,
+    kind: Kind,
+    nb: usize,
+    nbe: usize,
+    nbp: usize,
+    s: &[u8],
+    dst: &mut [u8],
+) {
+    // Padding (block counts rounded up) must read as zero, and an arena holds old
+    // bytes.
+    zero_padding(kind, nb, nbe, nbp, dst);
+    match kind {
+        Kind::Q4D16 | Kind::Q4DM16 => {
+            let bb = ty.block_bytes();
+            let qo = bb - 16;
+            let (qs, rest) = dst.split_at_mut(nbe * 16);
+            for b in 0..nb {
+                let blk = &s[b * bb..(b + 1) * bb];
+                qs[b * 16..b * 16 + 16].copy_from_slice(&blk[qo..]);
+                rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
+                if kind == Kind::Q4DM16 {
+                    rest[nbp * 2 + 2 * b..nbp * 2 + 2 * b + 2].copy_from_slice(&blk[2..4]);
+                }
+            }
+        }
+        Kind::Q4DM32 => {
+            let (qs, rest) = dst.split_at_mut(nbe * 16);
+            for sb in 0..nb / 8 {
+                let blk = &s[sb * 144..(sb + 1) * 144];
+                let (d, dmin) = (h2f(blk, 0), h2f(blk, 2));
+                for j in 0..8 {
+                    let b = sb * 8 + j;
+                    let (sc, mn) = q4k_scale_min(j, &blk[4..16]);
+                    let q = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+                    let shift = 4 * (j % 2);
+                    for l in 0..16 {
+                        let lo = (q[l] >> shift) & 0xF;
+                        let hi = (q[l + 16] >> shift) & 0xF;
+                        qs[b * 16 + l] = lo | (hi << 4);
+                    }
+                    rest[4 * b..4 * b + 4].copy_from_slice(&(d * sc as f32).to_le_bytes());
+                    let m = -(dmin * mn as f32);
+                    rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+        }
+        Kind::Q8D16 => {
+            let (qs, rest) = dst.split_at_mut(nb * 32);
+            for b in 0..nb {
+                let blk = &s[b * 34..(b + 1) * 34];
+                qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
+                rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
+            }
+        }
+    }
+}
+
+/// Zero the bytes of a packed row that the repack does not write: values of the blocks past
+/// `nb` (up to `nbe`), scales and offsets past `nb` (up to `nbp`), and the tail to the stride.
+fn zero_padding(kind: Kind, nb: usize, nbe: usize, nbp: usize, row: &mut [u8]) {
+    let (qbytes, sbytes, arrays) = match kind {
+        Kind::Q4D16 => (nbe * 16, 2, 1),
+        Kind::Q4DM16 => (nbe * 16, 2, 2),
+        Kind::Q4DM32 => (nbe * 16, 4, 2),
+        Kind::Q8D16 => (nb * 32, 2, 1),
+    };
+    let per_block = if kind.is_q4() { 16 } else { 32 };
+    row[nb * per_block..qbytes].fill(0);
+    for a in 0..arrays {
+        let base = qbytes + a * nbp * sbytes;
+        row[base + nb * sbytes..base + nbp * sbytes].fill(0);
+    }
+    row[qbytes + arrays * nbp * sbytes..].fill(0);
+}
+
 #[inline]
 fn h2f(b: &[u8], o: usize) -> f32 {
     f16::from_le_bytes([b[o], b[o + 1]]).to_f32()
@@ -196,6 +539,18 @@ impl QMatrix {
         owner: ByteOwner,
         offset: usize,
     ) -> Result<Self, QMatrixError> {
+        Self::new_stacked(ty, cols, &[(rows, owner, offset)])
+    }
+
+    /// Repack several matrices of type `ty` and width `cols` (`(rows, owner, offset)` each,
+    /// GGML layout) into one, rows appended in order: the fused q/k/v and gate/up projections,
+    /// built in one buffer without first packing the parts (a streamed layer is rebuilt every
+    /// pass, so the parts' copies would cost memory and time every pass).
+    pub fn new_stacked(
+        ty: GgmlType,
+        cols: usize,
+        parts: &[(usize, ByteOwner, usize)],
+    ) -> Result<Self, QMatrixError> {
         if !Self::supports(ty) {
             return Err(QMatrixError::UnsupportedType(ty));
         }
@@ -207,83 +562,29 @@ impl QMatrix {
             });
         }
         let src_row = cols / ty.block_elems() * ty.block_bytes();
-        let expected = rows * src_row;
-        let all: &[u8] = (*owner).as_ref();
-        let have = all.len().saturating_sub(offset);
-        if have < expected {
-            return Err(QMatrixError::BadLength {
-                ty,
-                rows,
-                cols,
-                expected,
-                have,
-            });
-        }
-        let src = &all[offset..offset + expected];
-        let kind = match ty {
-            GgmlType::Q4_0 => Kind::Q4D16,
-            GgmlType::Q4_1 => Kind::Q4DM16,
-            GgmlType::Q4K => Kind::Q4DM32,
-            _ => Kind::Q8D16,
-        };
-        let nb = cols / 32;
-        let nbp = nb.next_multiple_of(8);
-        let nbe = nb.next_multiple_of(2);
-        let stride = match kind {
-            Kind::Q4D16 => nbe * 16 + nbp * 2,
-            Kind::Q4DM16 => nbe * 16 + nbp * 4,
-            Kind::Q4DM32 => nbe * 16 + nbp * 8,
-            Kind::Q8D16 => nb * 32 + nbp * 2,
-        }
-        .next_multiple_of(32);
-        let mut data = WeightBuf::zeroed(rows * stride);
-        for (r, dst) in data.chunks_exact_mut(stride).enumerate() {
-            let s = &src[r * src_row..(r + 1) * src_row];
-            match kind {
-                Kind::Q4D16 | Kind::Q4DM16 => {
-                    let bb = ty.block_bytes();
-                    let qo = bb - 16;
-                    let (qs, rest) = dst.split_at_mut(nbe * 16);
-                    for b in 0..nb {
-                        let blk = &s[b * bb..(b + 1) * bb];
-                        qs[b * 16..b * 16 + 16].copy_from_slice(&blk[qo..]);
-                        rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
-                        if kind == Kind::Q4DM16 {
-                            rest[nbp * 2 + 2 * b..nbp * 2 + 2 * b + 2].copy_from_slice(&blk[2..4]);
-                        }
-                    }
-                }
-                Kind::Q4DM32 => {
-                    let (qs, rest) = dst.split_at_mut(nbe * 16);
-                    for sb in 0..nb / 8 {
-                        let blk = &s[sb * 144..(sb + 1) * 144];
-                        let (d, dmin) = (h2f(blk, 0), h2f(blk, 2));
-                        for j in 0..8 {
-                            let b = sb * 8 + j;
-                            let (sc, mn) = q4k_scale_min(j, &blk[4..16]);
-                            let q = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
-                            let shift = 4 * (j % 2);
-                            for l in 0..16 {
-                                let lo = (q[l] >> shift) & 0xF;
-                                let hi = (q[l + 16] >> shift) & 0xF;
-                                qs[b * 16 + l] = lo | (hi << 4);
-                            }
-                            rest[4 * b..4 * b + 4].copy_from_slice(&(d * sc as f32).to_le_bytes());
-                            let m = -(dmin * mn as f32);
-                            rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4]
-                                .copy_from_slice(&m.to_le_bytes());
-                        }
-                    }
-                }
-                Kind::Q8D16 => {
-                    let (qs, rest) = dst.split_at_mut(nb * 32);
-                    for b in 0..nb {
-                        let blk = &s[b * 34..(b + 1) * 34];
-                        qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
-                        rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
-                    }
-                }
+        let mut srcs: Vec<&[u8]> = Vec::with_capacity(parts.len());
+        for (rows, owner, offset) in parts {
+            let (rows, offset) = (*rows, *offset);
+            let expected = rows * src_row;
+            let all: &[u8] = (**owner).as_ref();
+            let have = all.len().saturating_sub(offset);
+            if have < expected {
+                return Err(QMatrixError::BadLength {
+                    ty,
+                    rows,
+                    cols,
+                    expected,
+                    have,
+                });
             }
+            srcs.push(&all[offset..offset + expected]);
+        }
+        let rows: usize = parts.iter().map(|p| p.0).sum();
+        let (kind, nb, nbe, nbp, stride) = layout(ty, cols);
+        let src_rows = srcs.iter().flat_map(|s| s.chunks_exact(src_row));
+        let mut data = WeightBuf::alloc(rows * stride);
+        for (dst, s) in data.chunks_exact_mut(stride).zip(src_rows) {
+            repack_row(ty, kind, nb, nbe, nbp, s, dst);
         }
         Ok(Self {
             ty,
@@ -329,7 +630,7 @@ impl QMatrix {
         {
             return None;
         }
-        let mut data = WeightBuf::zeroed(parts.iter().map(|p| p.data.len()).sum());
+        let mut data = WeightBuf::alloc(parts.iter().map(|p| p.data.len()).sum());
         let mut o = 0;
         for p in parts {
             data[o..o + p.data.len()].copy_from_slice(&p.data);
@@ -865,6 +1166,80 @@ pub fn dequantize_raw(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    fn random_quantized(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        crate::dequant::quantize(ty, &w).unwrap()
+    }
+
+    #[test]
+    fn repacked_rows_ignore_old_bytes() {
+        // Widths whose block counts need padding (3 blocks: values padded to 4, scales to 8);
+        // Q4_K comes in whole super-blocks.
+        for (ty, cols) in [
+            (GgmlType::Q4_0, 96),
+            (GgmlType::Q4_1, 96),
+            (GgmlType::Q8_0, 96),
+            (GgmlType::Q4K, 256),
+        ] {
+            let raw = random_quantized(ty, 1, cols, 3);
+            let (kind, nb, nbe, nbp, stride) = layout(ty, cols);
+            let mut clean = vec![0u8; stride];
+            let mut dirty = vec![0xA5u8; stride];
+            repack_row(ty, kind, nb, nbe, nbp, &raw, &mut clean);
+            repack_row(ty, kind, nb, nbe, nbp, &raw, &mut dirty);
+            assert_eq!(clean, dirty, "{ty}: a recycled buffer's old bytes leaked");
+        }
+    }
+
+    #[test]
+    fn stacked_repack_equals_concatenated_parts() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (a, b) = (
+                random_quantized(ty, 5, 96, 1),
+                random_quantized(ty, 3, 96, 2),
+            );
+            let (a, b): (ByteOwner, ByteOwner) = (Arc::new(a), Arc::new(b));
+            let qa = QMatrix::new(ty, 5, 96, a.clone(), 0).unwrap();
+            let qb = QMatrix::new(ty, 3, 96, b.clone(), 0).unwrap();
+            let cat = QMatrix::concat_rows(&[&qa, &qb]).unwrap();
+            let st = QMatrix::new_stacked(ty, 96, &[(5, a, 0), (3, b, 0)]).unwrap();
+            assert_eq!(st.rows(), 8);
+            assert_eq!(&st.data[..], &cat.data[..]);
+        }
+        // A part shorter than its rows say is an error, not a panic.
+        let short: ByteOwner = Arc::new(vec![0u8; 10]);
+        assert!(QMatrix::new_stacked(GgmlType::Q8_0, 32, &[(2, short, 0)]).is_err());
+    }
+
+    #[test]
+    fn arenas_are_recycled_and_stay_counted() {
+        // A size no other test uses, so the pooled arena is this test's.
+        const N: usize = 3 * 4096 + 64 * 7;
+        recycle::keep_up_to(1 << 24);
+        let raw: ByteOwner = Arc::new(random_quantized(GgmlType::Q8_0, 4, 64, 5));
+        let build = || recycle::in_arena(N, || QMatrix::new(GgmlType::Q8_0, 4, 64, raw.clone(), 0));
+        let (q, need) = recycle::measure(|| build().unwrap());
+        assert!(need > 0 && need <= N);
+        // (Pool bytes, not `weight_memory::live`: other tests allocate weights concurrently,
+        // but none uses arenas.)
+        let pooled = recycle::pooled_bytes();
+        drop(q);
+        // The arena went back to the pool (where it stays counted as weight memory) ...
+        assert_eq!(recycle::pooled_bytes(), pooled + N as u64);
+        // ... and the next unit is built in it.
+        let again = build().unwrap();
+        assert_eq!(
+            recycle::pooled_bytes(),
+            pooled,
+            "a pooled arena was not reused"
+        );
+        let fresh = QMatrix::new(GgmlType::Q8_0, 4, 64, raw.clone(), 0).unwrap();
+        assert_eq!(&again.data[..], &fresh.data[..]);
+    }
 
     fn check(ty: GgmlType, m: usize, n: usize, k: usize) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);

@@ -8,6 +8,7 @@ use llada_formats::hf::HfDir;
 use llada_formats::tokenizer::{ChatTemplate, Tokenizer};
 use llada_formats::{FormatError, TensorSource, TensorView};
 use llada_kernels::GgmlType;
+use llada_kernels::QMatrix;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -173,7 +174,15 @@ impl Recipe {
     }
     /// Build layer `i` (reads and repacks its tensors).
     pub fn build_layer(&self, c: &ModelConfig, i: usize) -> Result<Layer, ModelError> {
-        let src: &dyn TensorSource = &*self.src;
+        self.build_layer_from(&*self.src, c, i)
+    }
+    /// Build layer `i` from `src` (the recipe's source, or its layer staged in one read).
+    pub fn build_layer_from(
+        &self,
+        src: &dyn TensorSource,
+        c: &ModelConfig,
+        i: usize,
+    ) -> Result<Layer, ModelError> {
         let d = c.d_model;
         let q = self.quant;
         let n = self.scheme.names(i);
@@ -198,20 +207,22 @@ impl Recipe {
         };
         Ok(Layer {
             attn_norm: vec1(src, &n.attn_norm, d)?,
-            qkv: Projection::new(vec![
-                matrix(src, &n.q, c.q_dim(), d, q, perm_q)?,
-                matrix(src, &n.k, c.kv_dim(), d, q, perm_k)?,
-                matrix(src, &n.v, c.kv_dim(), d, q, None)?,
-            ])?,
+            qkv: projection(
+                src,
+                &[
+                    (&n.q, c.q_dim(), perm_q),
+                    (&n.k, c.kv_dim(), perm_k),
+                    (&n.v, c.kv_dim(), None),
+                ],
+                d,
+                q,
+            )?,
             bq: bias(&n.bias[0], c.q_dim(), perm_q)?,
             bk: bias(&n.bias[1], c.kv_dim(), perm_k)?,
             bv: bias(&n.bias[2], c.kv_dim(), None)?,
             wo: matrix(src, &n.o, d, c.q_dim(), q, None)?,
             ffn_norm: vec1(src, &n.ffn_norm, d)?,
-            gate_up: Projection::new(vec![
-                matrix(src, &n.gate, c.ffn, d, q, None)?,
-                matrix(src, &n.up, c.ffn, d, q, None)?,
-            ])?,
+            gate_up: projection(src, &[(&n.gate, c.ffn, None), (&n.up, c.ffn, None)], d, q)?,
             w_down: matrix(src, &n.down, d, c.ffn, q, None)?,
         })
     }
@@ -316,6 +327,54 @@ fn vec1(src: &dyn TensorSource, name: &str, n: usize) -> Result<Vec<f32>, ModelE
     let v = src.require(name)?;
     v.expect_shape(&[n])?;
     Ok(v.to_f32())
+}
+
+/// Projections reading the same input (`(name, rows, unpermute heads)` each, `cols` wide),
+/// fused into one matrix: repacked straight into one buffer when they share a kernel type (no
+/// per-part copies: a streamed layer is rebuilt every pass), else built part by part and fused
+/// by [`Projection::new`].
+fn projection(
+    src: &dyn TensorSource,
+    parts: &[(&str, usize, Option<usize>)],
+    cols: usize,
+    requant: Option<GgmlType>,
+) -> Result<Projection, ModelError> {
+    let mut views = Vec::with_capacity(parts.len());
+    for &(name, rows, heads) in parts {
+        let mut v = src.require(name)?;
+        v.expect_shape(&[rows, cols])?;
+        if let Some(h) = heads {
+            v = unpermute_rows(&v, h)?;
+        }
+        views.push(v);
+    }
+    let ty = views.first().map(|v| v.ty);
+    if let Some(ty) = ty.filter(|&t| {
+        QMatrix::supports(t) && requant.is_none_or(|r| r == t) && views.iter().all(|v| v.ty == t)
+    }) {
+        let stacked: Vec<_> = views
+            .iter()
+            .map(|v| (v.shape[0], v.owner.clone(), v.offset))
+            .collect();
+        let w = QMatrix::new_stacked(ty, cols, &stacked).map_err(|e| {
+            let names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+            ModelError::Other(format!(
+                "{}: tensors {}: {e}",
+                src.path().display(),
+                names.join(", ")
+            ))
+        })?;
+        return Ok(Projection::Fused {
+            w: Linear::Quant(w),
+            splits: parts.iter().map(|p| p.1).collect(),
+        });
+    }
+    Projection::new(
+        views
+            .iter()
+            .map(|v| Linear::from_view(v, requant))
+            .collect::<Result<Vec<_>, _>>()?,
+    )
 }
 
 fn matrix(
@@ -454,8 +513,10 @@ impl Model {
             } else {
                 // Validate now (a bad tensor must fail at load, not mid-generation), then drop;
                 // its in-memory size sizes the staging buffers.
-                let l = recipe.build_layer(c, i)?;
+                let (l, arena) = llada_kernels::recycle::measure(|| recipe.build_layer(c, i));
+                let l = l?;
                 plan.unit_mem_bytes = plan.unit_mem_bytes.max(l.weight_bytes() as u64);
+                plan.unit_arena_bytes = plan.unit_arena_bytes.max(arena as u64);
                 for t in recipe.layer_tensors(c, i) {
                     src.release(&t);
                 }
@@ -475,8 +536,11 @@ impl Model {
                 .expect_shape(&[c.embedding_rows(), d])?;
             for part in crate::store::head_chunks(c.embedding_rows(), plan.head_chunks) {
                 if let crate::store::Part::HeadRows(r0, r1) = part {
-                    let h = recipe.build_head_rows(c, r0, r1)?;
+                    let (h, arena) =
+                        llada_kernels::recycle::measure(|| recipe.build_head_rows(c, r0, r1));
+                    let h = h?;
                     plan.unit_mem_bytes = plan.unit_mem_bytes.max(h.weight_bytes() as u64);
+                    plan.unit_arena_bytes = plan.unit_arena_bytes.max(arena as u64);
                     src.release(recipe.head_name(c));
                 }
             }
@@ -492,13 +556,15 @@ impl Model {
             final_norm: vec1(&*src, norm, d)?,
             lm_head,
         };
-        // Streamed units are read with one pread per tensor into staging buffers.
+        // Streamed units are read into staging buffers with one pread per layer (or tensor).
+        let staged_src = Arc::new(crate::store::StagedSource::new(src.clone()));
         let staged = Recipe {
-            src: Arc::new(crate::store::StagedSource::new(src.clone())),
+            src: staged_src.clone(),
             ..recipe
         };
-        let store = (!plan.streams_nothing())
-            .then(|| crate::store::WeightStore::new(staged, plan, opts.storage_bw));
+        let store = (!plan.streams_nothing()).then(|| {
+            crate::store::WeightStore::new(staged, Some(staged_src), plan, opts.storage_bw)
+        });
         Ok((weights, store))
     }
 

@@ -84,6 +84,9 @@ pub struct Plan {
     /// In-memory (repacked) bytes of the largest streamed unit, measured when the units are
     /// validated at load; 0 until then.
     pub unit_mem_bytes: u64,
+    /// Bytes of the arena a streamed unit is built in (its packed matrices and the
+    /// intermediates of fusing them), measured at load; 0 until then.
+    pub unit_arena_bytes: u64,
     pub budget: Option<u64>,
 }
 
@@ -96,6 +99,7 @@ impl Plan {
             head_bytes,
             head_chunks: 1,
             unit_mem_bytes: 0,
+            unit_arena_bytes: 0,
             budget: None,
         }
     }
@@ -135,15 +139,23 @@ impl Plan {
             .max()
             .unwrap_or(0)
     }
-    /// Weight staging memory of the stream, an upper bound: the unit in use and the next one
-    /// being built (each at most the largest unit in memory, [`Self::unit_mem_bytes`], or its
-    /// file bytes before load measured it), plus the build's transients — one tensor's read
-    /// buffer and the copy that fuses q/k/v or gate/up into one matrix — at most one more unit.
+    /// Weight staging memory of the stream: two unit arenas (the unit in use and the next one
+    /// being built, [`llada_kernels::recycle`]) and one read buffer (a unit's file bytes,
+    /// read with one `pread`). Before load measures the arenas, each counts as the largest
+    /// unit's file bytes.
     pub fn staging_bytes(&self) -> u64 {
         if self.streams_nothing() {
             0
         } else {
-            3 * self.unit_mem_bytes.max(self.largest_streamed())
+            let arena =
+                self.unit_arena_bytes
+                    .max(self.unit_mem_bytes)
+                    .max(if self.unit_arena_bytes == 0 {
+                        self.largest_streamed()
+                    } else {
+                        0
+                    });
+            2 * arena + self.largest_streamed()
         }
     }
 }
@@ -181,6 +193,7 @@ pub fn plan(layer_bytes: &[u64], head_bytes: u64, budget: u64) -> Plan {
         head_bytes,
         head_chunks,
         unit_mem_bytes: 0,
+        unit_arena_bytes: 0,
         budget: Some(budget),
     }
 }
@@ -218,37 +231,9 @@ impl StagedSource {
     /// page cache; `v` itself (the mapping's view) when the file cannot be read directly (e.g.
     /// a source that is not a plain file): the numbers are the same.
     fn stage(&self, v: TensorView) -> TensorView {
-        let mut buf = llada_kernels::StagingBytes::zeroed(v.len);
-        let ok = (|| -> std::io::Result<()> {
-            use std::os::unix::fs::FileExt;
-            let mut files = self
-                .files
-                .lock()
-                .map_err(|_| std::io::Error::other("file table poisoned"))?;
-            if !files.contains_key(&v.file) {
-                files.insert(v.file.clone(), std::fs::File::open(&v.file)?);
-            }
-            let f = files
-                .get(&v.file)
-                .ok_or_else(|| std::io::Error::other("file vanished"))?;
-            // Views of a mapped file own the whole file: their offset is the file offset.
-            let at = v.offset as u64;
-            f.read_exact_at(buf.as_mut_slice(), at)?;
-            #[cfg(target_os = "linux")]
-            {
-                use std::os::fd::AsRawFd;
-                // SAFETY: valid descriptor; advisory only.
-                unsafe {
-                    libc::posix_fadvise(
-                        f.as_raw_fd(),
-                        at as libc::off_t,
-                        v.len as libc::off_t,
-                        libc::POSIX_FADV_DONTNEED,
-                    );
-                }
-            }
-            Ok(())
-        })();
+        let mut buf = llada_kernels::StagingBytes::for_read(v.len);
+        // Views of a mapped file own the whole file: their offset is the file offset.
+        let ok = self.read_at(&v.file, v.offset as u64, buf.as_mut_slice());
         if ok.is_err() {
             return v;
         }
@@ -258,6 +243,96 @@ impl StagedSource {
             offset: 0,
             ..v
         }
+    }
+}
+
+impl StagedSource {
+    /// Read the tensors `names` — adjacent in one file, as a layer's are — with one `pread`
+    /// into one staging buffer (and drop them from the page cache), and serve them from it.
+    /// `None` when they are not adjacent or the file cannot be read directly: the caller then
+    /// reads tensor by tensor. Absent names are simply not served (the build reports them).
+    pub(crate) fn stage_span(&self, names: &[String]) -> Option<SpanSource> {
+        let views: Vec<TensorView> = names.iter().filter_map(|n| self.inner.get(n)).collect();
+        let file = views.first()?.file.clone();
+        if views.iter().any(|v| v.file != file) {
+            return None;
+        }
+        let lo = views.iter().map(|v| v.offset).min()?;
+        let hi = views.iter().map(|v| v.offset + v.len).max()?;
+        let sum: usize = views.iter().map(|v| v.len).sum();
+        // Gaps of other tensors would be read for nothing: fall back past a quarter more.
+        if hi - lo > sum + sum / 4 {
+            return None;
+        }
+        let mut buf = llada_kernels::StagingBytes::for_read(hi - lo);
+        self.read_at(&file, lo as u64, buf.as_mut_slice()).ok()?;
+        let owner: llada_kernels::ByteOwner = std::sync::Arc::new(buf);
+        let views = views
+            .into_iter()
+            .map(|v| {
+                let offset = v.offset - lo;
+                (
+                    v.name.clone(),
+                    TensorView {
+                        owner: owner.clone(),
+                        offset,
+                        ..v
+                    },
+                )
+            })
+            .collect();
+        Some(SpanSource {
+            views,
+            path: self.inner.path().to_path_buf(),
+        })
+    }
+
+    /// `pread` `buf.len()` bytes of `file` at `at`, then drop them from the page cache.
+    fn read_at(&self, file: &std::path::Path, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| std::io::Error::other("file table poisoned"))?;
+        if !files.contains_key(file) {
+            files.insert(file.to_path_buf(), std::fs::File::open(file)?);
+        }
+        let f = files
+            .get(file)
+            .ok_or_else(|| std::io::Error::other("file vanished"))?;
+        f.read_exact_at(buf, at)?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: valid descriptor; advisory only.
+            unsafe {
+                libc::posix_fadvise(
+                    f.as_raw_fd(),
+                    at as libc::off_t,
+                    buf.len() as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Tensors served from one staging buffer ([`StagedSource::stage_span`]).
+pub(crate) struct SpanSource {
+    views: std::collections::HashMap<String, TensorView>,
+    path: std::path::PathBuf,
+}
+
+impl TensorSource for SpanSource {
+    fn get(&self, name: &str) -> Option<TensorView> {
+        self.views.get(name).cloned()
+    }
+    fn names(&self) -> Vec<String> {
+        self.views.keys().cloned().collect()
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.path
     }
 }
 
@@ -284,6 +359,8 @@ impl TensorSource for StagedSource {
 /// Streaming state of a model loaded under a budget.
 pub struct WeightStore {
     pub(crate) recipe: Recipe,
+    /// The recipe's source, for reading a layer's tensors with one `pread`.
+    pub(crate) staged: Option<std::sync::Arc<StagedSource>>,
     pub plan: Plan,
     /// Emulated storage bandwidth (bytes/s).
     pub storage_bw: Option<f64>,
@@ -305,9 +382,20 @@ pub(crate) enum Part {
 }
 
 impl WeightStore {
-    pub(crate) fn new(recipe: Recipe, plan: Plan, storage_bw: Option<f64>) -> Self {
+    pub(crate) fn new(
+        recipe: Recipe,
+        staged: Option<std::sync::Arc<StagedSource>>,
+        plan: Plan,
+        storage_bw: Option<f64>,
+    ) -> Self {
+        // Every pass rebuilds the streamed units with the same sizes: keep one unit's arena
+        // and read buffer between them instead of faulting fresh pages in for every unit.
+        llada_kernels::recycle::keep_up_to(
+            plan.unit_arena_bytes.max(plan.unit_mem_bytes) + plan.largest_streamed(),
+        );
         Self {
             recipe,
+            staged,
             plan,
             storage_bw,
             stats: StreamStats::default(),
@@ -332,16 +420,30 @@ impl WeightStore {
 
     fn build(&self, c: &ModelConfig, unit: Part) -> Result<Unit, ModelError> {
         let t = Instant::now();
+        let arena = self.plan.unit_arena_bytes as usize;
         let (u, names, bytes) = match unit {
-            Part::Layer(i) => (
-                Unit::Layer(Box::new(self.recipe.build_layer(c, i)?)),
-                self.recipe.layer_tensors(c, i),
-                self.plan.layer_bytes[i],
-            ),
+            Part::Layer(i) => {
+                let names = self.recipe.layer_tensors(c, i);
+                let span = self.staged.as_ref().and_then(|s| s.stage_span(&names));
+                let layer = llada_kernels::recycle::in_arena(arena, || match &span {
+                    Some(span) => self.recipe.build_layer_from(span, c, i),
+                    None => self.recipe.build_layer(c, i),
+                })?;
+                (
+                    Unit::Layer(Box::new(layer)),
+                    names,
+                    self.plan.layer_bytes[i],
+                )
+            }
             // Each chunk's pages were dropped as it was read; the mapping (which the embedding
             // lookup of a tied head touches) is released once per pass, after the last chunk.
             Part::HeadRows(r0, r1) => (
-                Unit::HeadRows(r0, self.recipe.build_head_rows(c, r0, r1)?),
+                Unit::HeadRows(
+                    r0,
+                    llada_kernels::recycle::in_arena(arena, || {
+                        self.recipe.build_head_rows(c, r0, r1)
+                    })?,
+                ),
                 if r1 == c.embedding_rows() {
                     vec![self.recipe.head_name(c).to_string()]
                 } else {
