@@ -280,10 +280,11 @@ fn memory_report(
         "bytes_read": st.stats.bytes_read.load(Relaxed),
         "units_read": st.stats.units_read.load(Relaxed),
         "storage_busy_s": st.stats.read_ns.load(Relaxed) as f64 / 1e9,
+        "repack_busy_s": st.stats.build_ns.load(Relaxed) as f64 / 1e9,
         "dense_wait_s": st.stats.wait_ns.load(Relaxed) as f64 / 1e9,
     });
     let line = format!(
-        "[memory: budget {:.1} MB, resident weights {:.1} MB, staging {:.1} MB; weights peak {:.1} MB; peak RSS {:.1} MB ({:.1} MB before load); streamed {:.1} MB/pass, storage busy {:.2}s, dense lane waited {:.2}s]",
+        "[memory: budget {:.1} MB, resident weights {:.1} MB, staging {:.1} MB; weights peak {:.1} MB; peak RSS {:.1} MB ({:.1} MB before load); streamed {:.1} MB/pass, reading {:.2}s, repacking {:.2}s, dense lane waited {:.2}s]",
         mb(p.budget.unwrap_or(0)),
         mb(p.resident_bytes()),
         mb(p.staging_bytes()),
@@ -292,6 +293,7 @@ fn memory_report(
         mb(rss_before_load.unwrap_or(0)),
         mb(p.streamed_bytes()),
         st.stats.read_ns.load(Relaxed) as f64 / 1e9,
+        st.stats.build_ns.load(Relaxed) as f64 / 1e9,
         st.stats.wait_ns.load(Relaxed) as f64 / 1e9,
     );
     (j, Some(line))

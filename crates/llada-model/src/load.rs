@@ -169,8 +169,17 @@ impl Recipe {
                 self.src.path().display()
             ))
         })?;
-        v.expect_shape(&[r1 - r0, c.d_model])?;
-        Linear::from_view(&v, self.quant)
+        self.build_head_view(c, &v, r1 - r0)
+    }
+    /// Build `rows` rows of the LM head from their bytes `v`.
+    pub fn build_head_view(
+        &self,
+        c: &ModelConfig,
+        v: &TensorView,
+        rows: usize,
+    ) -> Result<Linear, ModelError> {
+        v.expect_shape(&[rows, c.d_model])?;
+        Linear::from_view(v, self.quant)
     }
     /// Build layer `i` (reads and repacks its tensors).
     pub fn build_layer(&self, c: &ModelConfig, i: usize) -> Result<Layer, ModelError> {

@@ -7,15 +7,18 @@
 //! overlap with later compute), then layers in order. The token embedding is never made
 //! resident: a pass reads only its rows, through the file mapping.
 //!
-//! Streaming is double-buffered: a prefetch thread reads and repacks streamed unit `i + 1`
-//! (into its staging buffers) while the dense lane computes unit `i`; a rendezvous channel
-//! bounds the staging memory to two units (plus one tensor's read buffer). A streamed LM head
+//! Streaming is a three-stage pipeline: a reader thread reads streamed unit `i + 2` (a layer's
+//! tensors with one `pread` into a staging buffer), a builder thread repacks unit `i + 1` into
+//! a recycled arena ([`llada_kernels::recycle`]: no page faults or zeroing per pass), and the
+//! dense lane computes unit `i`; rendezvous channels bound the staging memory to two read
+//! buffers and two arenas ([`Plan::staging_bytes`]). A streamed LM head
 //! is read in row chunks of at most a layer's bytes (at least four), each multiplied as it
 //! lands, so no staging buffer is larger than a layer and the head's reads overlap its own
 //! product. Every weight buffer is counted ([`llada_kernels::weight_memory`]): the weight
-//! memory a budget governs is measured exactly, apart from RSS. After a unit is built its file range is dropped from
-//! the mapping and the page cache (`MADV_DONTNEED` + `POSIX_FADV_DONTNEED`), so the next pass
-//! reads storage again — the reads are real. An optional bandwidth emulates a phone's flash
+//! memory a budget governs is measured exactly, apart from RSS. A unit's file range is dropped
+//! from the page cache as soon as it is read (`POSIX_FADV_DONTNEED`; the mapping's pages with
+//! `MADV_DONTNEED` after the build), so the next pass reads storage again — the reads are
+//! real. An optional bandwidth emulates a phone's flash
 //! (`--storage-bw`): a read of `b` bytes takes at least `b / bw` seconds.
 
 use crate::load::Recipe;
@@ -140,22 +143,19 @@ impl Plan {
             .unwrap_or(0)
     }
     /// Weight staging memory of the stream: two unit arenas (the unit in use and the next one
-    /// being built, [`llada_kernels::recycle`]) and one read buffer (a unit's file bytes,
-    /// read with one `pread`). Before load measures the arenas, each counts as the largest
-    /// unit's file bytes.
+    /// being built, [`llada_kernels::recycle`]) and two read buffers (the unit being built and
+    /// the one being read, a unit's file bytes each: [`WeightStore::start`]). Before load
+    /// measures the arenas, each counts as the largest unit's file bytes.
     pub fn staging_bytes(&self) -> u64 {
         if self.streams_nothing() {
             0
         } else {
-            let arena =
-                self.unit_arena_bytes
-                    .max(self.unit_mem_bytes)
-                    .max(if self.unit_arena_bytes == 0 {
-                        self.largest_streamed()
-                    } else {
-                        0
-                    });
-            2 * arena + self.largest_streamed()
+            let arena = if self.unit_arena_bytes == 0 {
+                self.unit_mem_bytes.max(self.largest_streamed())
+            } else {
+                self.unit_arena_bytes.max(self.unit_mem_bytes)
+            };
+            2 * arena + 2 * self.largest_streamed()
         }
     }
 }
@@ -205,8 +205,10 @@ pub struct StreamStats {
     pub units_read: AtomicU64,
     /// Time the dense lane waited for a streamed unit (ns).
     pub wait_ns: AtomicU64,
-    /// Time the prefetch thread spent reading + repacking (ns), including emulated throttling.
+    /// Time the reader spent reading streamed units (ns), including emulated throttling.
     pub read_ns: AtomicU64,
+    /// Time the builder spent repacking them (ns).
+    pub build_ns: AtomicU64,
 }
 
 /// A tensor source that reads each tensor with one `pread` into its own staging buffer (and
@@ -367,6 +369,15 @@ pub struct WeightStore {
     pub stats: StreamStats,
 }
 
+/// One streamed unit as read, before it is built.
+enum StagedUnit {
+    /// Layer `i`, its tensors in one staging buffer (`None`: not adjacent in the file; the
+    /// build reads them one by one).
+    Layer(usize, Option<SpanSource>),
+    /// Rows `[r0, r1)` of the LM head.
+    HeadRows(usize, usize, TensorView),
+}
+
 /// One streamed unit, built by the prefetch thread.
 pub(crate) enum Unit {
     Layer(Box<Layer>),
@@ -388,11 +399,9 @@ impl WeightStore {
         plan: Plan,
         storage_bw: Option<f64>,
     ) -> Self {
-        // Every pass rebuilds the streamed units with the same sizes: keep one unit's arena
-        // and read buffer between them instead of faulting fresh pages in for every unit.
-        llada_kernels::recycle::keep_up_to(
-            plan.unit_arena_bytes.max(plan.unit_mem_bytes) + plan.largest_streamed(),
-        );
+        // Every pass rebuilds the streamed units with the same sizes: keep their arenas and
+        // read buffers between them instead of faulting fresh pages in for every unit.
+        llada_kernels::recycle::keep_up_to(plan.staging_bytes());
         Self {
             recipe,
             staged,
@@ -418,43 +427,31 @@ impl WeightStore {
         v
     }
 
-    fn build(&self, c: &ModelConfig, unit: Part) -> Result<Unit, ModelError> {
+    /// Read one unit's bytes (the storage side of a unit): a layer's tensors with one `pread`
+    /// into a staging buffer, or rows of the head; throttled to `--storage-bw` when set.
+    fn read(&self, c: &ModelConfig, part: Part) -> Result<StagedUnit, ModelError> {
         let t = Instant::now();
-        let arena = self.plan.unit_arena_bytes as usize;
-        let (u, names, bytes) = match unit {
+        let (staged, bytes) = match part {
             Part::Layer(i) => {
                 let names = self.recipe.layer_tensors(c, i);
                 let span = self.staged.as_ref().and_then(|s| s.stage_span(&names));
-                let layer = llada_kernels::recycle::in_arena(arena, || match &span {
-                    Some(span) => self.recipe.build_layer_from(span, c, i),
-                    None => self.recipe.build_layer(c, i),
+                (StagedUnit::Layer(i, span), self.plan.layer_bytes[i])
+            }
+            Part::HeadRows(r0, r1) => {
+                let name = self.recipe.head_name(c);
+                // A staged source reads just these rows, into a staging buffer.
+                let v = self.recipe.src.get_rows(name, r0, r1).ok_or_else(|| {
+                    ModelError::Other(format!(
+                        "{}: rows {r0}..{r1} of tensor '{name}' cannot be read",
+                        self.recipe.src.path().display()
+                    ))
                 })?;
                 (
-                    Unit::Layer(Box::new(layer)),
-                    names,
-                    self.plan.layer_bytes[i],
+                    StagedUnit::HeadRows(r0, r1, v),
+                    self.plan.head_bytes * (r1 - r0) as u64 / c.embedding_rows().max(1) as u64,
                 )
             }
-            // Each chunk's pages were dropped as it was read; the mapping (which the embedding
-            // lookup of a tied head touches) is released once per pass, after the last chunk.
-            Part::HeadRows(r0, r1) => (
-                Unit::HeadRows(
-                    r0,
-                    llada_kernels::recycle::in_arena(arena, || {
-                        self.recipe.build_head_rows(c, r0, r1)
-                    })?,
-                ),
-                if r1 == c.embedding_rows() {
-                    vec![self.recipe.head_name(c).to_string()]
-                } else {
-                    vec![]
-                },
-                self.plan.head_bytes * (r1 - r0) as u64 / c.embedding_rows().max(1) as u64,
-            ),
         };
-        for n in &names {
-            self.recipe.src.release(n);
-        }
         if let Some(bw) = self.storage_bw {
             let want = Duration::from_secs_f64(bytes as f64 / bw);
             let took = t.elapsed();
@@ -463,26 +460,82 @@ impl WeightStore {
             }
         }
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
-        self.stats.units_read.fetch_add(1, Ordering::Relaxed);
         self.stats
             .read_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(staged)
+    }
+
+    /// Build a read unit (the compute side): repack its matrices into a recycled arena.
+    fn build(&self, c: &ModelConfig, staged: StagedUnit) -> Result<Unit, ModelError> {
+        let t = Instant::now();
+        let arena = self.plan.unit_arena_bytes as usize;
+        let (u, names) = match staged {
+            StagedUnit::Layer(i, span) => {
+                let layer = llada_kernels::recycle::in_arena(arena, || match &span {
+                    Some(span) => self.recipe.build_layer_from(span, c, i),
+                    // Not adjacent in the file: read tensor by tensor while building.
+                    None => self.recipe.build_layer(c, i),
+                })?;
+                (
+                    Unit::Layer(Box::new(layer)),
+                    self.recipe.layer_tensors(c, i),
+                )
+            }
+            // Each chunk's pages were dropped as it was read; the mapping (which the embedding
+            // lookup of a tied head touches) is released once per pass, after the last chunk.
+            StagedUnit::HeadRows(r0, r1, v) => (
+                Unit::HeadRows(
+                    r0,
+                    llada_kernels::recycle::in_arena(arena, || {
+                        self.recipe.build_head_view(c, &v, r1 - r0)
+                    })?,
+                ),
+                if r1 == c.embedding_rows() {
+                    vec![self.recipe.head_name(c).to_string()]
+                } else {
+                    vec![]
+                },
+            ),
+        };
+        for n in &names {
+            self.recipe.src.release(n);
+        }
+        self.stats.units_read.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .build_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(u)
     }
 
-    /// Start the prefetch thread of one pass inside `scope`; units arrive in pass order.
+    /// Start the streaming threads of one pass inside `scope`; units arrive in pass order.
+    ///
+    /// Two stages: a reader reads unit `i + 2` while a builder repacks unit `i + 1` and the
+    /// dense lane computes unit `i` (rendezvous channels, so at most two read buffers and two
+    /// unit arenas are live: [`Plan::staging_bytes`]). Reading and repacking are both CPU work
+    /// for a page-cache read (the kernel's copy, the repack), so on two cores the split keeps
+    /// the storage side from being one thread's worth of CPU per pass.
     pub(crate) fn start<'s, 'e: 's>(
         &'e self,
         scope: &'s std::thread::Scope<'s, 'e>,
         c: &'e ModelConfig,
     ) -> Receiver<Result<Unit, ModelError>> {
-        // Rendezvous: the thread builds unit i+1 while unit i computes and then waits, so at
-        // most two units are staged.
         let (tx, rx): (SyncSender<_>, Receiver<_>) = std::sync::mpsc::sync_channel(0);
+        let (stx, srx): (SyncSender<_>, Receiver<_>) = std::sync::mpsc::sync_channel(0);
         scope.spawn(move || {
             llada_runtime::trace::set_thread_lane("storage");
             for u in self.order(c) {
-                let r = self.build(c, u);
+                let r = self.read(c, u);
+                let failed = r.is_err();
+                if stx.send(r).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        scope.spawn(move || {
+            llada_runtime::trace::set_thread_lane("storage");
+            for r in srx {
+                let r = r.and_then(|staged| self.build(c, staged));
                 let failed = r.is_err();
                 if tx.send(r).is_err() || failed {
                     return;
@@ -558,7 +611,11 @@ mod tests {
         // ... in at least four chunks of at most a layer's bytes.
         assert_eq!(p.head_chunks, 4);
         assert_eq!(p.largest_streamed(), 10);
-        assert_eq!(p.staging_bytes(), 30);
+        // Two arenas and two read buffers; before load measures the arenas, a unit's file bytes.
+        assert_eq!(p.staging_bytes(), 40);
+        let mut measured = p.clone();
+        measured.unit_arena_bytes = 12;
+        assert_eq!(measured.staging_bytes(), 2 * 12 + 2 * 10);
         assert!(plan(&layers, 15, 1000).streams_nothing());
         assert_eq!(plan(&layers, 15, 1000).staging_bytes(), 0);
     }
