@@ -5,7 +5,7 @@
 
 use llada_kernels::weight_memory;
 use llada_model::store::Budget;
-use llada_model::{AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
+use llada_model::{AttnMask, EarlyExit, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
@@ -109,4 +109,46 @@ fn streamed_weights_give_identical_logits() {
     }
     // The head was streamed in row chunks somewhere (so the chunked path is what was checked).
     assert!(chunked_heads > 0);
+}
+
+#[test]
+fn streaming_survives_a_pass_that_fails_midway() {
+    // Every pass gets every streamed unit, in order; a pass that fails midway (its reader and
+    // builder already ahead of it) must not leave the next one misaligned or hanging.
+    let path = fixture("gguf-llama-q4_1.gguf");
+    let opts = LoadOptions {
+        no_tokenizer: true,
+        ..Default::default()
+    };
+    let tokens = [5u32, 9, 17, 3, 44, 61];
+    let want = logits(&Model::load(&path, &opts).unwrap(), &tokens);
+    let m = Model::load(
+        &path,
+        &LoadOptions {
+            mem_budget: Some(Budget::Fraction(0.01)),
+            ..opts
+        },
+    )
+    .unwrap();
+    let st = m.store.as_ref().expect("nothing streamed");
+    assert!(
+        !st.plan.resident_layers[0],
+        "layer 0 must stream for this test"
+    );
+    for _ in 0..3 {
+        assert_eq!(logits(&m, &tokens), want);
+    }
+    // An early exit that keeps no row fails the pass after layer 0: one unit taken, the
+    // rest of the pass (already being read ahead) never.
+    let keep = |_: &[f32], alive: &[usize]| vec![false; alive.len()];
+    let exit = EarlyExit {
+        layer: 0,
+        keep: &keep,
+    };
+    let mut cache = m.new_cache();
+    let req = ForwardRequest::causal_append(&tokens[..3], &[0, 1, 2]);
+    assert!(m.forward_with_exit(&req, &mut cache, Some(&exit)).is_err());
+    for _ in 0..2 {
+        assert_eq!(logits(&m, &tokens), want);
+    }
 }
