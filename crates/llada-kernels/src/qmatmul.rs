@@ -439,34 +439,18 @@ fn layout(ty: GgmlType, cols: usize) -> (Kind, usize, usize, usize, usize) {
     (kind, nb, nbe, nbp, stride)
 }
 
-/// Repack one GGML row `s` (`nb` blocks of `ty`) into the packed row `dst` (layout of `kind`,
-/// module docs); every byte of `dst` is written.
-fn repack_row(
-    ty: GgmlType,
-    kind: Kind,
-    nb: usize,
-    nbe: usize,
-    nbp: usize,
-    s: &[u8],
-    dst: &mut [u8],
-) {
+/// Repack one GGML row `s` (`nb` blocks of the type `kind` packs) into the packed row `dst`
+/// (layout of `kind`, module docs); every byte of `dst` is written.
+fn repack_row(kind: Kind, nb: usize, nbe: usize, nbp: usize, s: &[u8], dst: &mut [u8]) {
     // Padding (block counts rounded up) must read as zero, and an arena holds old
     // bytes.
     zero_padding(kind, nb, nbe, nbp, dst);
     match kind {
-        Kind::Q4D16 | Kind::Q4DM16 => {
-            let bb = ty.block_bytes();
-            let qo = bb - 16;
-            let (qs, rest) = dst.split_at_mut(nbe * 16);
-            for b in 0..nb {
-                let blk = &s[b * bb..(b + 1) * bb];
-                qs[b * 16..b * 16 + 16].copy_from_slice(&blk[qo..]);
-                rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
-                if kind == Kind::Q4DM16 {
-                    rest[nbp * 2 + 2 * b..nbp * 2 + 2 * b + 2].copy_from_slice(&blk[2..4]);
-                }
-            }
-        }
+        // Fixed-size copies (the block size as a constant): a streamed model repacks every
+        // streamed layer on every pass, and per-block `memcpy` calls of a runtime length made
+        // this loop ≈ 2x slower.
+        Kind::Q4D16 => repack_q4::<18>(s, dst, nb, nbe, nbp, false),
+        Kind::Q4DM16 => repack_q4::<20>(s, dst, nb, nbe, nbp, true),
         Kind::Q4DM32 => {
             let (qs, rest) = dst.split_at_mut(nbe * 16);
             for sb in 0..nb / 8 {
@@ -495,6 +479,34 @@ fn repack_row(
                 qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
                 rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
             }
+        }
+    }
+}
+
+/// Repack a row of `nb` 4-bit GGML blocks of `BB` bytes (scale, [offset,] 16 value bytes).
+#[inline]
+fn repack_q4<const BB: usize>(
+    s: &[u8],
+    dst: &mut [u8],
+    nb: usize,
+    nbe: usize,
+    nbp: usize,
+    offsets: bool,
+) {
+    let (qs, rest) = dst.split_at_mut(nbe * 16);
+    let (scales, mins) = rest.split_at_mut(nbp * 2);
+    let blocks = s.chunks_exact(BB).take(nb);
+    for ((blk, q), sc) in blocks
+        .clone()
+        .zip(qs.chunks_exact_mut(16))
+        .zip(scales.chunks_exact_mut(2))
+    {
+        q.copy_from_slice(&blk[BB - 16..BB]);
+        sc.copy_from_slice(&blk[0..2]);
+    }
+    if offsets {
+        for (blk, mn) in blocks.zip(mins.chunks_exact_mut(2)) {
+            mn.copy_from_slice(&blk[2..4]);
         }
     }
 }
@@ -584,7 +596,7 @@ impl QMatrix {
         let src_rows = srcs.iter().flat_map(|s| s.chunks_exact(src_row));
         let mut data = WeightBuf::alloc(rows * stride);
         for (dst, s) in data.chunks_exact_mut(stride).zip(src_rows) {
-            repack_row(ty, kind, nb, nbe, nbp, s, dst);
+            repack_row(kind, nb, nbe, nbp, s, dst);
         }
         Ok(Self {
             ty,
@@ -1189,8 +1201,8 @@ mod tests {
             let (kind, nb, nbe, nbp, stride) = layout(ty, cols);
             let mut clean = vec![0u8; stride];
             let mut dirty = vec![0xA5u8; stride];
-            repack_row(ty, kind, nb, nbe, nbp, &raw, &mut clean);
-            repack_row(ty, kind, nb, nbe, nbp, &raw, &mut dirty);
+            repack_row(kind, nb, nbe, nbp, &raw, &mut clean);
+            repack_row(kind, nb, nbe, nbp, &raw, &mut dirty);
             assert_eq!(clean, dirty, "{ty}: a recycled buffer's old bytes leaked");
         }
     }
