@@ -96,16 +96,21 @@ pub mod weight_memory {
 pub struct StagingBytes(Vec<u8>);
 
 impl StagingBytes {
-    /// `len` bytes to be overwritten by a read (zero, or old bytes of a recycled buffer).
-    pub fn for_read(len: usize) -> Self {
+    /// `len` bytes to be overwritten by a read (zero, or old bytes of a recycled buffer), in a
+    /// buffer of at least `size` bytes: a weight store gives every read its largest unit's
+    /// size, so that any pooled buffer serves any read (a head chunk and a layer differ).
+    pub fn for_read(len: usize, size: usize) -> Self {
         if let Some(mut v) = recycle::take_bytes(len) {
             // A recycled buffer keeps its length: shrinking writes nothing, growing zeroes
             // only the new tail (a read overwrites it all anyway).
             v.resize(len, 0);
             return Self(v);
         }
-        weight_memory::add(len);
-        Self(vec![0u8; len])
+        let cap = len.max(size);
+        let mut v = vec![0u8; cap];
+        v.truncate(len);
+        weight_memory::add(cap);
+        Self(v)
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.0
@@ -137,7 +142,8 @@ impl Drop for StagingBytes {
 /// bounded a pass. So a streamed unit is built inside one **arena** ([`in_arena`]): every
 /// matrix it repacks is carved from it, and when the unit's last matrix drops, the arena goes
 /// back to a pool for the next unit; read buffers ([`StagingBytes`]) are pooled likewise. The
-/// pool holds at most what [`keep_up_to`] allows (0 by default: nothing is kept). Arenas and
+/// pool holds at most what live [`Reservation`]s allow (none by default: nothing is kept; when
+/// the last weight store goes, its pooled buffers are freed). Arenas and
 /// pooled buffers are counted in [`weight_memory`]: they are memory the process holds.
 pub mod recycle {
     use super::weight_memory;
@@ -218,10 +224,38 @@ pub mod recycle {
         static CURRENT: RefCell<Option<(Arc<Arena>, usize)>> = const { RefCell::new(None) };
     }
 
-    /// Keep up to `bytes` of dropped arenas and read buffers for reuse (the largest cap asked
-    /// for wins; 0, the default, keeps nothing).
-    pub fn keep_up_to(bytes: u64) {
-        CAP.fetch_max(bytes, Ordering::Relaxed);
+    /// Keep up to `bytes` more of dropped arenas and read buffers for reuse, while the returned
+    /// reservation lives (a weight store holds one for its staging memory). Dropping it lowers
+    /// the cap again and frees what the pool holds beyond it: a model that is gone leaves no
+    /// pooled memory behind.
+    pub fn reserve(bytes: u64) -> Reservation {
+        CAP.fetch_add(bytes, Ordering::Relaxed);
+        Reservation(bytes)
+    }
+
+    /// A share of the pool's cap ([`reserve`]).
+    #[must_use = "the pool keeps buffers only while the reservation lives"]
+    pub struct Reservation(u64);
+
+    impl Drop for Reservation {
+        fn drop(&mut self) {
+            let cap = CAP.fetch_sub(self.0, Ordering::Relaxed) - self.0;
+            let freed: Vec<Buf> = match POOL.lock() {
+                Ok(mut p) => {
+                    let mut out = vec![];
+                    while p.bytes > cap {
+                        let Some(b) = p.free.pop() else { break };
+                        p.bytes -= b.bytes() as u64;
+                        out.push(b);
+                    }
+                    out
+                }
+                Err(_) => vec![],
+            };
+            for b in freed {
+                weight_memory::sub(b.bytes());
+            }
+        }
     }
 
     /// Bytes held in the pool now.
@@ -258,12 +292,13 @@ pub mod recycle {
         true
     }
 
-    /// A pooled read buffer with room for `len` bytes (and not more than twice that).
+    /// A pooled read buffer with room for `len` bytes.
     pub(crate) fn take_bytes(len: usize) -> Option<Vec<u8>> {
         let mut p = POOL.lock().ok()?;
-        let i = p.free.iter().position(
-            |b| matches!(b, Buf::Bytes(v) if v.capacity() >= len && v.capacity() <= 2 * len.max(1)),
-        )?;
+        let i = p
+            .free
+            .iter()
+            .position(|b| matches!(b, Buf::Bytes(v) if v.capacity() >= len))?;
         let b = p.free.swap_remove(i);
         p.bytes -= b.bytes() as u64;
         match b {
@@ -1231,7 +1266,7 @@ mod tests {
     fn arenas_are_recycled_and_stay_counted() {
         // A size no other test uses, so the pooled arena is this test's.
         const N: usize = 3 * 4096 + 64 * 7;
-        recycle::keep_up_to(1 << 24);
+        let _pool = recycle::reserve(1 << 24);
         let raw: ByteOwner = Arc::new(random_quantized(GgmlType::Q8_0, 4, 64, 5));
         let build = || recycle::in_arena(N, || QMatrix::new(GgmlType::Q8_0, 4, 64, raw.clone(), 0));
         let (q, need) = recycle::measure(|| build().unwrap());
@@ -1251,6 +1286,11 @@ mod tests {
         );
         let fresh = QMatrix::new(GgmlType::Q8_0, 4, 64, raw.clone(), 0).unwrap();
         assert_eq!(&again.data[..], &fresh.data[..]);
+        // When the reservation goes (its store dropped), so does what the pool kept for it.
+        drop(again);
+        assert_eq!(recycle::pooled_bytes(), pooled + N as u64);
+        drop(_pool);
+        assert_eq!(recycle::pooled_bytes(), 0);
     }
 
     fn check(ty: GgmlType, m: usize, n: usize, k: usize) {

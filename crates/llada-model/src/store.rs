@@ -216,6 +216,8 @@ pub struct StreamStats {
 /// instead of faulting it in page by page through the mapping.
 pub(crate) struct StagedSource {
     inner: std::sync::Arc<dyn TensorSource + Send + Sync>,
+    /// Size of the read buffers (the plan's largest streamed unit, set by the store).
+    pub(crate) read_size: std::sync::atomic::AtomicUsize,
     files: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, std::fs::File>>,
 }
 
@@ -223,6 +225,7 @@ impl StagedSource {
     pub(crate) fn new(inner: std::sync::Arc<dyn TensorSource + Send + Sync>) -> Self {
         Self {
             inner,
+            read_size: Default::default(),
             files: Default::default(),
         }
     }
@@ -233,7 +236,7 @@ impl StagedSource {
     /// page cache; `v` itself (the mapping's view) when the file cannot be read directly (e.g.
     /// a source that is not a plain file): the numbers are the same.
     fn stage(&self, v: TensorView) -> TensorView {
-        let mut buf = llada_kernels::StagingBytes::for_read(v.len);
+        let mut buf = llada_kernels::StagingBytes::for_read(v.len, self.read_size());
         // Views of a mapped file own the whole file: their offset is the file offset.
         let ok = self.read_at(&v.file, v.offset as u64, buf.as_mut_slice());
         if ok.is_err() {
@@ -266,7 +269,7 @@ impl StagedSource {
         if hi - lo > sum + sum / 4 {
             return None;
         }
-        let mut buf = llada_kernels::StagingBytes::for_read(hi - lo);
+        let mut buf = llada_kernels::StagingBytes::for_read(hi - lo, self.read_size());
         self.read_at(&file, lo as u64, buf.as_mut_slice()).ok()?;
         let owner: llada_kernels::ByteOwner = std::sync::Arc::new(buf);
         let views = views
@@ -287,6 +290,10 @@ impl StagedSource {
             views,
             path: self.inner.path().to_path_buf(),
         })
+    }
+
+    fn read_size(&self) -> usize {
+        self.read_size.load(Ordering::Relaxed)
     }
 
     /// `pread` `buf.len()` bytes of `file` at `at`, then drop them from the page cache.
@@ -367,6 +374,8 @@ pub struct WeightStore {
     /// Emulated storage bandwidth (bytes/s).
     pub storage_bw: Option<f64>,
     pub stats: StreamStats,
+    /// This store's share of the buffer pool (released with the store).
+    _pool: llada_kernels::recycle::Reservation,
 }
 
 /// One streamed unit as read, before it is built.
@@ -401,13 +410,20 @@ impl WeightStore {
     ) -> Self {
         // Every pass rebuilds the streamed units with the same sizes: keep their arenas and
         // read buffers between them instead of faulting fresh pages in for every unit.
-        llada_kernels::recycle::keep_up_to(plan.staging_bytes());
+        let pool = llada_kernels::recycle::reserve(plan.staging_bytes());
+        if let Some(st) = &staged {
+            st.read_size.store(
+                plan.largest_streamed() as usize,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         Self {
             recipe,
             staged,
             plan,
             storage_bw,
             stats: StreamStats::default(),
+            _pool: pool,
         }
     }
 

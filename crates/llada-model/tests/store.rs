@@ -9,6 +9,13 @@ use llada_model::{AttnMask, EarlyExit, ForwardRequest, KvWrite, LoadOptions, Log
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
+/// Weight memory is counted process-wide: the tests of this file take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn fixture(name: &str) -> PathBuf {
     std::env::var_os("LLADA_FIXTURES")
         .map(PathBuf::from)
@@ -48,6 +55,7 @@ fn logits(m: &Model, tokens: &[u32]) -> Vec<f32> {
 
 #[test]
 fn streamed_weights_give_identical_logits() {
+    let _turn = serial();
     let mut chunked_heads = 0;
     for name in ["hf-llama", "gguf-llama-q4_1.gguf", "hf-dream"] {
         let path = fixture(name);
@@ -113,6 +121,7 @@ fn streamed_weights_give_identical_logits() {
 
 #[test]
 fn streaming_survives_a_pass_that_fails_midway() {
+    let _turn = serial();
     // Every pass gets every streamed unit, in order; a pass that fails midway (its reader and
     // builder already ahead of it) must not leave the next one misaligned or hanging.
     let path = fixture("gguf-llama-q4_1.gguf");
