@@ -58,7 +58,8 @@ pub enum BenchCmd {
     /// CSV, SVG plot, --json).
     Diffusion(crate::bench_diffusion::DiffusionBenchArgs),
     /// Speculative decoding configurations against the AR baseline (greedy; checks that every
-    /// output is identical to AR).
+    /// output is identical to AR). AR runs before and after each budget's configurations and
+    /// the table reports their pooled rate (this machine's speed drifts within minutes).
     Spec(crate::spec::SpecBenchArgs),
 }
 

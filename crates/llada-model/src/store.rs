@@ -211,9 +211,11 @@ pub struct StreamStats {
     pub build_ns: AtomicU64,
 }
 
-/// A tensor source that reads each tensor with one `pread` into its own staging buffer (and
-/// drops the file's pages from the page cache afterwards, so every pass reads storage),
-/// instead of faulting it in page by page through the mapping.
+/// A tensor source that reads with `pread` into staging buffers — a layer's adjacent tensors
+/// with one read ([`StagedSource::stage_span`]), else each tensor with its own — and drops the
+/// file's pages from the page cache afterwards, so every pass reads storage, instead of
+/// faulting them in page by page through the mapping. Read buffers all have the store's
+/// largest unit's size, so the pool can hand any of them to any read.
 pub(crate) struct StagedSource {
     inner: std::sync::Arc<dyn TensorSource + Send + Sync>,
     /// Size of the read buffers (the plan's largest streamed unit, set by the store).
