@@ -44,7 +44,8 @@ enum Backing {
 
 impl WeightBuf {
     /// `len` bytes: zero in a fresh mapping; in an arena ([`recycle::in_arena`]) the old bytes
-    /// of a recycled one, so callers write every byte (the repack clears each row first).
+    /// of a recycled one, so callers write every byte (the repack writes each row's padding
+    /// too, [`zero_padding`]).
     fn alloc(len: usize) -> Self {
         recycle::note(len);
         if let Some((arena, off)) = recycle::carve(len) {
@@ -292,30 +293,26 @@ pub mod recycle {
         true
     }
 
-    /// A pooled read buffer with room for `len` bytes.
-    pub(crate) fn take_bytes(len: usize) -> Option<Vec<u8>> {
+    /// Take the first pooled buffer that `fits`.
+    fn take(fits: impl Fn(&Buf) -> bool) -> Option<Buf> {
         let mut p = POOL.lock().ok()?;
-        let i = p
-            .free
-            .iter()
-            .position(|b| matches!(b, Buf::Bytes(v) if v.capacity() >= len))?;
+        let i = p.free.iter().position(fits)?;
         let b = p.free.swap_remove(i);
         p.bytes -= b.bytes() as u64;
-        match b {
+        Some(b)
+    }
+
+    /// A pooled read buffer with room for `len` bytes.
+    pub(crate) fn take_bytes(len: usize) -> Option<Vec<u8>> {
+        match take(|b| matches!(b, Buf::Bytes(v) if v.capacity() >= len))? {
             Buf::Bytes(v) => Some(v),
             Buf::Map(_) => None,
         }
     }
 
+    /// A pooled arena mapping of exactly `len` bytes.
     fn take_map(len: usize) -> Option<memmap2::MmapMut> {
-        let mut p = POOL.lock().ok()?;
-        let i = p
-            .free
-            .iter()
-            .position(|b| matches!(b, Buf::Map(m) if m.len() == len))?;
-        let b = p.free.swap_remove(i);
-        p.bytes -= b.bytes() as u64;
-        match b {
+        match take(|b| matches!(b, Buf::Map(m) if m.len() == len))? {
             Buf::Map(m) => Some(m),
             Buf::Bytes(_) => None,
         }
@@ -482,8 +479,8 @@ fn repack_row(kind: Kind, nb: usize, nbe: usize, nbp: usize, s: &[u8], dst: &mut
     zero_padding(kind, nb, nbe, nbp, dst);
     match kind {
         // Fixed-size copies (the block size as a constant): a streamed model repacks every
-        // streamed layer on every pass, and per-block `memcpy` calls of a runtime length made
-        // this loop ≈ 2x slower.
+        // streamed layer on every pass; with runtime-length copies this loop repacked Q4_1 at
+        // 5.2 GB/s instead of 6.0.
         Kind::Q4D16 => repack_q4::<18>(s, dst, nb, nbe, nbp, false),
         Kind::Q4DM16 => repack_q4::<20>(s, dst, nb, nbe, nbp, true),
         Kind::Q4DM32 => {

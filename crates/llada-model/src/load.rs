@@ -160,16 +160,23 @@ impl Recipe {
         r0: usize,
         r1: usize,
     ) -> Result<Linear, ModelError> {
-        // Only the rows are read (a staged source would read the whole tensor for `get`); the
-        // full shape is checked at load.
+        self.build_head_view(c, &self.head_rows(c, r0, r1)?, r1 - r0)
+    }
+    /// The bytes of rows `[r0, r1)` of the LM head. Only the rows are read (a staged source
+    /// would read the whole tensor for `get`); the full shape is checked at load.
+    pub fn head_rows(
+        &self,
+        c: &ModelConfig,
+        r0: usize,
+        r1: usize,
+    ) -> Result<TensorView, ModelError> {
         let name = self.head_name(c);
-        let v = self.src.get_rows(name, r0, r1).ok_or_else(|| {
+        self.src.get_rows(name, r0, r1).ok_or_else(|| {
             ModelError::Other(format!(
                 "{}: rows {r0}..{r1} of tensor '{name}' cannot be read",
                 self.src.path().display()
             ))
-        })?;
-        self.build_head_view(c, &v, r1 - r0)
+        })
     }
     /// Build `rows` rows of the LM head from their bytes `v`.
     pub fn build_head_view(
@@ -348,15 +355,10 @@ fn projection(
     cols: usize,
     requant: Option<GgmlType>,
 ) -> Result<Projection, ModelError> {
-    let mut views = Vec::with_capacity(parts.len());
-    for &(name, rows, heads) in parts {
-        let mut v = src.require(name)?;
-        v.expect_shape(&[rows, cols])?;
-        if let Some(h) = heads {
-            v = unpermute_rows(&v, h)?;
-        }
-        views.push(v);
-    }
+    let views = parts
+        .iter()
+        .map(|&(name, rows, heads)| matrix_view(src, name, rows, cols, heads))
+        .collect::<Result<Vec<_>, _>>()?;
     let ty = views.first().map(|v| v.ty);
     if let Some(ty) = ty.filter(|&t| {
         QMatrix::supports(t) && requant.is_none_or(|r| r == t) && views.iter().all(|v| v.ty == t)
@@ -386,6 +388,23 @@ fn projection(
     )
 }
 
+/// A `[rows × cols]` matrix's bytes, checked, with the rows of a GGUF Q/K projection put back
+/// in head order.
+fn matrix_view(
+    src: &dyn TensorSource,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    unpermute_heads: Option<usize>,
+) -> Result<TensorView, ModelError> {
+    let v = src.require(name)?;
+    v.expect_shape(&[rows, cols])?;
+    match unpermute_heads {
+        Some(h) => unpermute_rows(&v, h),
+        None => Ok(v),
+    }
+}
+
 fn matrix(
     src: &dyn TensorSource,
     name: &str,
@@ -394,12 +413,10 @@ fn matrix(
     requant: Option<GgmlType>,
     unpermute_heads: Option<usize>,
 ) -> Result<Linear, ModelError> {
-    let mut v = src.require(name)?;
-    v.expect_shape(&[rows, cols])?;
-    if let Some(h) = unpermute_heads {
-        v = unpermute_rows(&v, h)?;
-    }
-    Linear::from_view(&v, requant)
+    Linear::from_view(
+        &matrix_view(src, name, rows, cols, unpermute_heads)?,
+        requant,
+    )
 }
 
 impl Model {

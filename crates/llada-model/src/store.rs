@@ -456,14 +456,8 @@ impl WeightStore {
                 (StagedUnit::Layer(i, span), self.plan.layer_bytes[i])
             }
             Part::HeadRows(r0, r1) => {
-                let name = self.recipe.head_name(c);
                 // A staged source reads just these rows, into a staging buffer.
-                let v = self.recipe.src.get_rows(name, r0, r1).ok_or_else(|| {
-                    ModelError::Other(format!(
-                        "{}: rows {r0}..{r1} of tensor '{name}' cannot be read",
-                        self.recipe.src.path().display()
-                    ))
-                })?;
+                let v = self.recipe.head_rows(c, r0, r1)?;
                 (
                     StagedUnit::HeadRows(r0, r1, v),
                     self.plan.head_bytes * (r1 - r0) as u64 / c.embedding_rows().max(1) as u64,
