@@ -57,6 +57,20 @@ pub struct TrainArgs {
     /// Override the preset's init standard deviation (default ≈ 1/√d_model).
     #[arg(long)]
     init_std: Option<f64>,
+    /// Data-parallel shards per step: the batch's rows are split, each shard runs forward and
+    /// backward on its own thread at once, and the gradients are summed (the same gradient as
+    /// one graph, computed faster on small models; docs/training.md) [default: the number of
+    /// threads, RAYON_NUM_THREADS or the cores; 1 = one graph over every thread].
+    #[arg(long)]
+    data_parallel: Option<std::num::NonZeroUsize>,
+    /// Override the preset's number of layers (e.g. for a deeper task model).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Override the preset's width: d_model (a multiple of the head size, which stays as the
+    /// preset's); heads, KV heads and the MLP keep the preset's ratios to it, the init
+    /// standard deviation scales as 1/√d_model.
+    #[arg(long)]
+    d_model: Option<usize>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
     /// checkpoint; `--resume` continues [default: 55 for tiny-llada-tasks, tiny-dream-tasks and
     /// tiny-llada-prose, their cards' budget; none otherwise].
@@ -147,6 +161,33 @@ impl TrainArgs {
             }
             spec.init_std = s;
         }
+        if !self.target_layers.is_empty() && (self.layers.is_some() || self.d_model.is_some()) {
+            bail!("--layers and --d-model do not combine with --target-layers (the draft takes the target's shapes)");
+        }
+        if let Some(l) = self.layers {
+            if !(1..=64).contains(&l) {
+                bail!("--layers must be in 1..=64");
+            }
+            spec.n_layers = l;
+        }
+        if let Some(d) = self.d_model {
+            let hd = spec.head_dim();
+            let group = spec.n_heads / spec.n_kv_heads.max(1);
+            if d == 0 || d % (hd * group) != 0 || d > 4096 {
+                bail!(
+                    "--d-model must be a positive multiple of {} (head size {hd} × {group} query heads per KV head), at most 4096",
+                    hd * group
+                );
+            }
+            if self.init_std.is_none() {
+                // The presets' ≈ 1/√d_model.
+                spec.init_std *= (spec.d_model as f64 / d as f64).sqrt();
+            }
+            spec.ffn = spec.ffn * d / spec.d_model;
+            spec.n_heads = d / hd;
+            spec.n_kv_heads = spec.n_heads / group;
+            spec.d_model = d;
+        }
         Ok(())
     }
 
@@ -171,6 +212,9 @@ impl TrainArgs {
             curriculum,
             time_budget_s: self.minutes.map(|m| m * 60.0),
             init_from: self.init_from.clone(),
+            data_parallel: self
+                .data_parallel
+                .map_or_else(|| crate::threads_or_all(None), |n| n.get()),
         }
     }
 }

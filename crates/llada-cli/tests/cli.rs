@@ -252,6 +252,18 @@ fn bad_input_is_a_clear_error() {
             "--target-layers applies to drafts",
         ),
         (
+            &["train", "--preset", "tiny-llada-tasks", "--d-model", "100"],
+            "--d-model must be a positive multiple of 32",
+        ),
+        (
+            &["train", "--preset", "tiny-dream-tasks", "--d-model", "96"],
+            "--d-model must be a positive multiple of 64",
+        ),
+        (
+            &["train", "--preset", "tiny-llada-tasks", "--layers", "0"],
+            "--layers must be in",
+        ),
+        (
             &["generate", "hi", "--mode", "speculative", "--edc"],
             "--ahasd",
         ),

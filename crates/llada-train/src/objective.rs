@@ -27,6 +27,39 @@ pub struct Batch {
     pub soft: Option<SoftTargets>,
 }
 
+impl Batch {
+    /// Rows `start..start + n` as a batch of their own (data-parallel shards): every field is
+    /// narrowed along the row dimension; soft targets keep their rows' `T·k` entries each.
+    pub fn rows(&self, start: usize, n: usize) -> Result<Batch> {
+        let b = self.ids.dim(0)?;
+        if n == 0 || start + n > b {
+            candle_core::bail!("rows {start}..{} of a {b}-row batch", start + n);
+        }
+        let soft = match &self.soft {
+            Some(s) => {
+                let per = s.classes.len() / b;
+                if per * b != s.classes.len() || s.probs.len() != s.classes.len() {
+                    candle_core::bail!("soft targets do not divide into {b} rows");
+                }
+                Some(SoftTargets {
+                    classes: s.classes[start * per..(start + n) * per].to_vec(),
+                    probs: s.probs[start * per..(start + n) * per].to_vec(),
+                })
+            }
+            None => None,
+        };
+        Ok(Batch {
+            ids: self.ids.narrow(0, start, n)?,
+            targets: self.targets.narrow(0, start, n)?,
+            weights: self.weights.narrow(0, start, n)?,
+            tokens: self.tokens * n / b,
+            causal: self.causal,
+            two_stream: self.two_stream,
+            soft,
+        })
+    }
+}
+
 /// A sparse target distribution per position: `k` = `classes.len() / positions` classes and
 /// their probabilities, row-major like `targets` (entries of probability 0 are padding).
 #[derive(Debug, Clone, Default)]

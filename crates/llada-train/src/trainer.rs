@@ -35,6 +35,143 @@ pub struct TrainOptions {
     /// schedule, instead of the seeded initialisation. A resumed run ignores it.
     #[serde(default)]
     pub init_from: Option<std::path::PathBuf>,
+    /// Data-parallel shards per step (≥ 1): the batch's rows are split into this many shards,
+    /// each shard's forward and backward runs on its own one-thread pool at once, and their
+    /// gradients are summed before one optimizer step (see [`DataParallel`]). 1: one graph
+    /// whose ops use every thread of the global pool.
+    #[serde(default = "one")]
+    pub data_parallel: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// While alive, candle's CPU matmuls run single-threaded (`RAYON_NUM_THREADS=1`, which candle
+/// reads at every matmul to choose gemm's parallelism); the previous value comes back on drop.
+///
+/// A data-parallel shard runs on a one-thread pool, but candle would still ask gemm for
+/// `Rayon(cores)` parallelism inside it, which measured ≈ 30 % *slower* per step than one
+/// graph over both cores (315 against 441–455 steps in 150 s of `--preset tiny-llada-tasks`);
+/// with single-threaded gemm the two shards made 442 steps in 90 s against 261 (1.69x). Set
+/// and restored on the training thread while no shard thread runs (edition 2021's
+/// `set_var`; the process's other threads do not read the environment meanwhile).
+struct OneThreadMatmuls(Option<std::ffi::OsString>);
+
+impl OneThreadMatmuls {
+    fn set() -> Self {
+        let old = std::env::var_os("RAYON_NUM_THREADS");
+        std::env::set_var("RAYON_NUM_THREADS", "1");
+        Self(old)
+    }
+}
+
+impl Drop for OneThreadMatmuls {
+    fn drop(&mut self) {
+        match self.0.take() {
+            Some(v) => std::env::set_var("RAYON_NUM_THREADS", v),
+            None => std::env::remove_var("RAYON_NUM_THREADS"),
+        }
+    }
+}
+
+/// Data-parallel training within one process.
+///
+/// The task and draft models are small (d_model 128–192): their matmuls are too short for
+/// candle's intra-op threading to keep two cores busy, and each step has serial stretches
+/// (graph bookkeeping, allocation, small element-wise ops). Two one-thread runs side by side
+/// each kept ≈ 80 % of a two-thread run's step rate (docs/training.md, "Time budgets"). This
+/// runs that way inside one run: the batch's rows are split into `n` shards and each shard's
+/// forward and backward run concurrently, each on its own one-thread rayon pool (candle's CPU
+/// ops and the fused ops here parallelise over the *current* pool), then the gradients are
+/// summed in shard order (deterministic for a given `n`). Shard `i`'s loss is scaled by its
+/// share of the rows, so the summed gradient is the whole batch's (the loss is a mean over
+/// rows; test `data_parallel_gradient_equals_the_whole_batch`).
+pub struct DataParallel {
+    pools: Vec<rayon::ThreadPool>,
+}
+
+impl DataParallel {
+    pub fn new(n: usize) -> Result<Self> {
+        let pools = (0..n.max(1))
+            .map(|i| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .thread_name(move |_| format!("shard-{i}"))
+                    .build()
+            })
+            .collect::<std::result::Result<_, _>>()
+            .context("building the data-parallel thread pools")?;
+        Ok(Self { pools })
+    }
+
+    /// The batch's loss and its gradients, computed in up to `pools.len()` shards of rows.
+    pub fn loss_and_grads(
+        &self,
+        model: &TrainModel,
+        batch: &crate::objective::Batch,
+    ) -> Result<(f64, candle_core::backprop::GradStore)> {
+        let b = batch.ids.dim(0)?;
+        let n = self.pools.len().min(b).max(1);
+        if n == 1 {
+            let loss = batch_loss(model, batch)?;
+            let grads = loss.backward()?;
+            return Ok((loss.to_scalar::<f32>()? as f64, grads));
+        }
+        // Rows split as evenly as possible, earlier shards taking the remainder.
+        let mut shards = vec![];
+        let mut start = 0;
+        for i in 0..n {
+            let rows = b / n + usize::from(i < b % n);
+            shards.push((batch.rows(start, rows)?, rows as f64 / b as f64));
+            start += rows;
+        }
+        let results: Vec<Result<(f64, candle_core::backprop::GradStore)>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = shards
+                    .iter()
+                    .zip(&self.pools)
+                    .map(|((shard, share), pool)| {
+                        scope.spawn(move || {
+                            pool.install(|| -> Result<_> {
+                                let loss = (batch_loss(model, shard)? * *share)?;
+                                let grads = loss.backward()?;
+                                Ok((loss.to_scalar::<f32>()? as f64, grads))
+                            })
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a training shard panicked")))
+                    })
+                    .collect()
+            });
+        let mut total = 0.0;
+        let mut sum: Option<candle_core::backprop::GradStore> = None;
+        for r in results {
+            let (l, mut g) = r?;
+            total += l;
+            match &mut sum {
+                None => sum = Some(g),
+                Some(acc) => {
+                    for v in model.varmap.all_vars() {
+                        if let Some(gi) = g.remove(v.as_tensor()) {
+                            let s = match acc.remove(v.as_tensor()) {
+                                Some(a) => (a + gi)?,
+                                None => gi,
+                            };
+                            acc.insert(v.as_tensor(), s);
+                        }
+                    }
+                }
+            }
+        }
+        let grads = sum.context("no training shard ran")?;
+        Ok((total, grads))
+    }
 }
 
 /// Global gradient-norm clip (the standard 1.0: the 1/t-weighted diffusion loss has rare
@@ -567,6 +704,8 @@ pub fn train(
         ..Default::default()
     };
     let mut opt = AdamW::new(model.varmap.all_vars(), params)?;
+    let dp = DataParallel::new(opts.data_parallel)?;
+    let _one_thread_matmuls = (opts.data_parallel > 1).then(OneThreadMatmuls::set);
     let pb = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -596,12 +735,10 @@ pub fn train(
         let batch = data.batch(step, progress, &model.spec, false, &mut rng, &dev)?;
         let lr = learning_rate(&opts, step, progress);
         opt.set_learning_rate(lr);
-        let loss = batch_loss(&model, &batch)?;
         let ntok = batch.tokens;
-        let mut grads = loss.backward()?;
+        let (l, mut grads) = dp.loss_and_grads(&model, &batch)?;
         clip_grad_norm(&model, &mut grads, GRAD_CLIP)?;
         opt.step(&grads)?;
-        let l = loss.to_scalar::<f32>()? as f64;
         tokens += ntok as u64;
         ema = if ema.is_nan() {
             l

@@ -448,6 +448,7 @@ fn time_budget_drives_the_schedule() {
         curriculum: 0.6,
         time_budget_s: None,
         init_from: None,
+        data_parallel: 1,
     };
     assert!((run_progress(&o, 500, 1e6) - 0.5).abs() < 1e-12);
     assert!(
@@ -563,6 +564,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         curriculum: 1.0,
         time_budget_s: None,
         init_from,
+        data_parallel: 1,
     };
     let (ft, fresh) = (base.join("ft"), base.join("fresh"));
     train(
@@ -761,5 +763,87 @@ fn two_stream_queries_see_only_their_left_context() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(diff < 1e-4, "query {i}: {diff}");
+    }
+}
+
+/// Data-parallel shards give the whole batch's loss and gradient: rows split 4 + 3 (and
+/// 3 + 2 + 2), each shard's loss scaled by its share of the rows, gradients summed — for the
+/// diffusion (LLaDA), shifted (Dream), two-stream and soft-distillation batches.
+#[test]
+fn data_parallel_gradient_equals_the_whole_batch() {
+    use llada_train::objective::two_stream_batch;
+    use llada_train::trainer::{distill_batch, DataParallel};
+    let dev = Device::Cpu;
+    let mut g = TaskGen::new(9, false);
+    g.scale = 0.3;
+    let ex: Vec<_> = (0..7).map(|_| g.next(None)).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    let set: Vec<(Vec<u32>, Vec<u32>)> = (0..5u32)
+        .map(|k| ((0..6).map(|i| 3 + (k + i) % 40).collect(), vec![0; 6]))
+        .collect();
+    let soft: Vec<(Vec<u32>, Vec<f32>)> = (0..5u32)
+        .map(|k| {
+            (
+                (0..12).map(|i| 3 + (7 * k + i) % 45).collect(),
+                [0.7f32, 0.3].repeat(6),
+            )
+        })
+        .collect();
+    let cases = [
+        (
+            Format::LLaDA,
+            diffusion_batch(&ex, MASK, 0.05, false, &mut rng, &dev).unwrap(),
+        ),
+        (
+            Format::Dream,
+            diffusion_batch(&ex, MASK, 0.05, true, &mut rng, &dev).unwrap(),
+        ),
+        (Format::LLaDA, two_stream_batch(&ex, MASK, &dev).unwrap()),
+        (
+            Format::Llama,
+            distill_batch(&set, &soft, 7, &mut rng, &dev).unwrap(),
+        ),
+    ];
+    for (format, batch) in &cases {
+        let model = TrainModel::new(spec(*format), &dev, 3).unwrap();
+        let (l1, g1) = DataParallel::new(1)
+            .unwrap()
+            .loss_and_grads(&model, batch)
+            .unwrap();
+        for n in [2, 3] {
+            let (ln, gn) = DataParallel::new(n)
+                .unwrap()
+                .loss_and_grads(&model, batch)
+                .unwrap();
+            assert!(
+                (l1 - ln).abs() <= 1e-5 * l1.abs().max(1.0),
+                "{format:?}, {n} shards: loss {ln} vs {l1}"
+            );
+            for v in model.varmap.all_vars() {
+                let a: Vec<f32> = g1
+                    .get(v.as_tensor())
+                    .expect("gradient")
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let b: Vec<f32> = gn
+                    .get(v.as_tensor())
+                    .expect("sharded gradient")
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+                let err = a
+                    .iter()
+                    .zip(&b)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    err <= 1e-4 * scale,
+                    "{format:?}, {n} shards: gradient differs by {err} (scale {scale})"
+                );
+            }
+        }
     }
 }
