@@ -75,6 +75,20 @@ impl Drop for OneThreadMatmuls {
     }
 }
 
+/// Loss of `batch` scaled by `share` (its fraction of the step's rows), and its gradients.
+fn shard_loss_and_grads(
+    model: &TrainModel,
+    batch: &crate::objective::Batch,
+    share: f64,
+) -> Result<(f64, candle_core::backprop::GradStore)> {
+    let mut loss = batch_loss(model, batch)?;
+    if share != 1.0 {
+        loss = (loss * share)?;
+    }
+    let grads = loss.backward()?;
+    Ok((loss.to_scalar::<f32>()? as f64, grads))
+}
+
 /// Data-parallel training within one process.
 ///
 /// The task and draft models are small (d_model 128–192): their matmuls are too short for
@@ -114,9 +128,7 @@ impl DataParallel {
         let b = batch.ids.dim(0)?;
         let n = self.pools.len().min(b).max(1);
         if n == 1 {
-            let loss = batch_loss(model, batch)?;
-            let grads = loss.backward()?;
-            return Ok((loss.to_scalar::<f32>()? as f64, grads));
+            return shard_loss_and_grads(model, batch, 1.0);
         }
         // Rows split as evenly as possible, earlier shards taking the remainder.
         let mut shards = vec![];
@@ -133,11 +145,7 @@ impl DataParallel {
                     .zip(&self.pools)
                     .map(|((shard, share), pool)| {
                         scope.spawn(move || {
-                            pool.install(|| -> Result<_> {
-                                let loss = (batch_loss(model, shard)? * *share)?;
-                                let grads = loss.backward()?;
-                                Ok((loss.to_scalar::<f32>()? as f64, grads))
-                            })
+                            pool.install(|| shard_loss_and_grads(model, shard, *share))
                         })
                     })
                     .collect();
@@ -725,7 +733,6 @@ pub fn train(
         let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x5eed);
         data.heldout_batches(&model.spec, &mut rng, &dev)?
     };
-    let mut last = 0.0;
     for step in start..opts.steps {
         // Seeded per step: a resumed run draws the same batches as an uninterrupted one.
         let mut rng = rand::rngs::StdRng::seed_from_u64(
@@ -745,7 +752,6 @@ pub fn train(
         } else {
             0.98 * ema + 0.02 * l
         };
-        last = l;
         let el = t0.elapsed().as_secs_f64();
         pb.set_message(format!(
             "loss {ema:.4} lr {lr:.2e} {:.0} tok/s",
@@ -795,7 +801,6 @@ pub fn train(
         }
     }
     pb.finish();
-    let _ = last;
     let st: TrainState = serde_json::from_str(&std::fs::read_to_string(&state_path)?)?;
     Ok(st)
 }

@@ -819,21 +819,16 @@ fn data_parallel_gradient_equals_the_whole_batch() {
                 (l1 - ln).abs() <= 1e-5 * l1.abs().max(1.0),
                 "{format:?}, {n} shards: loss {ln} vs {l1}"
             );
-            for v in model.varmap.all_vars() {
-                let a: Vec<f32> = g1
-                    .get(v.as_tensor())
+            let flat = |g: &candle_core::backprop::GradStore, v: &candle_core::Var| -> Vec<f32> {
+                g.get(v.as_tensor())
                     .expect("gradient")
                     .flatten_all()
                     .unwrap()
                     .to_vec1()
-                    .unwrap();
-                let b: Vec<f32> = gn
-                    .get(v.as_tensor())
-                    .expect("sharded gradient")
-                    .flatten_all()
                     .unwrap()
-                    .to_vec1()
-                    .unwrap();
+            };
+            for v in model.varmap.all_vars() {
+                let (a, b) = (flat(&g1, &v), flat(&gn, &v));
                 let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
                 let err = a
                     .iter()
