@@ -45,7 +45,8 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in the output directory.
     #[arg(long)]
     resume: bool,
-    /// Restrict task models to these tasks (comma-separated: add,sort,rev,cumsum,multi).
+    /// Restrict task models to these tasks (comma-separated: add,sort,rev,cumsum,multi). A task
+    /// named twice is drawn twice as often (`--tasks add,sort,sort,rev,cumsum,multi,multi`).
     #[arg(long, value_delimiter = ',')]
     tasks: Vec<String>,
     /// Scale task lengths down (0 < s ≤ 1), e.g. for quick experiments.

@@ -6,7 +6,7 @@
 //! | `sort` | `sort:3 1 2=` | `1 2 3` | 1–143 |
 //! | `rev` | `rev:hello=` | `olleh` | 1–16 |
 //! | `cumsum` | `cum:0…03141=` (zero-padded to [`CUM_WIDTH`] = 16 digits) | `0…03485` (running sum mod 10: every answer digit depends on the previous) | 16 |
-//! | `multi` | `add:…;rev:ab;cum:…=` | `…;ba;…` (two to five questions in one response) | 3–84 |
+//! | `multi` | `1>add:…;2>rev:ab;3>cum:…=` | `1>…;2>ba;3>…` (two to five numbered questions in one response) | 7–94 |
 //!
 //! Sums and running sums are **fixed-width** (since stop 15): the operands have 1–16 (1–32)
 //! significant digits — 1–10 (1–16) since stop 16, which narrowed them so that an exact match
@@ -17,6 +17,12 @@
 //! exact when the width was fixed (docs/training.md, "Fixed-width numbers"). Word reversal needs
 //! no padding: answer letter k reads the prompt 2k + 2 positions back whatever the word's length.
 //! Answers of ≥ 128 characters come from long sorts.
+//!
+//! Multi-question prompts **number** their questions and answers (`2>` opens the second; since
+//! stop 25). Unnumbered, the distance from an answer to its question depends on the lengths of
+//! every other question and answer, which relative-position attention can only resolve by
+//! counting separators, and the models answered none (0 % exact, the answers collapsed to
+//! zeros); the number gives each answer a content key to look its question up by.
 //!
 //! The held-out split is fixed: an example belongs to it iff a hash of its prompt falls in
 //! bucket 0 of 16; training generators skip those prompts, so train and held-out never overlap.
@@ -168,11 +174,11 @@ impl TaskGen {
                 let k = self.rng.random_range(2..=5);
                 let mut ps = vec![];
                 let mut ans = vec![];
-                for _ in 0..k {
+                for i in 1..=k {
                     let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
                     let (p, a) = one(&mut self.rng, sub, self.scale, self.lo);
-                    ps.push(p);
-                    ans.push(a);
+                    ps.push(format!("{i}>{p}"));
+                    ans.push(format!("{i}>{a}"));
                 }
                 (ps.join(";"), ans.join(";"))
             } else {
@@ -296,6 +302,41 @@ mod tests {
                 let (x, y): (u128, u128) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
                 assert_eq!((a.len(), b.len()), (ADD_WIDTH, ADD_WIDTH), "{}", e.prompt);
                 assert_eq!(e.answer, format!("{:0w$}", x + y, w = ADD_WIDTH + 1));
+            }
+            if e.task == "multi" {
+                // Numbered questions, answered in order under the same numbers.
+                let qs: Vec<&str> = e.prompt.trim_end_matches('=').split(';').collect();
+                let ans: Vec<&str> = e.answer.split(';').collect();
+                assert!((2..=5).contains(&qs.len()), "{}", e.prompt);
+                assert_eq!(qs.len(), ans.len(), "{} -> {}", e.prompt, e.answer);
+                for (i, (q, a)) in qs.iter().zip(&ans).enumerate() {
+                    let label = format!("{}>", i + 1);
+                    let (q, a) = (
+                        q.strip_prefix(&label).expect("numbered question"),
+                        a.strip_prefix(&label).expect("numbered answer"),
+                    );
+                    if let Some(w) = q.strip_prefix("rev:") {
+                        assert_eq!(a, w.chars().rev().collect::<String>());
+                    } else if let Some(d) = q.strip_prefix("cum:") {
+                        let mut acc = 0;
+                        let want: String = d
+                            .bytes()
+                            .map(|c| {
+                                acc = (acc + (c - b'0')) % 10;
+                                char::from(b'0' + acc)
+                            })
+                            .collect();
+                        assert_eq!(a, want);
+                    } else {
+                        let (x, y) = q
+                            .strip_prefix("add:")
+                            .and_then(|o| o.split_once('+'))
+                            .expect("add question");
+                        let s: u128 =
+                            x.parse::<u128>().unwrap_or(0) + y.parse::<u128>().unwrap_or(0);
+                        assert_eq!(a, format!("{s:0w$}", w = ADD_WIDTH + 1));
+                    }
+                }
             }
             crate::vocab::CharVocab::encode(&e.prompt);
             crate::vocab::CharVocab::encode(&e.answer);

@@ -262,7 +262,7 @@ pub struct TaskData {
     pub batch_tokens: usize,
     pub seed: u64,
     pub curriculum: f64,
-    /// Tasks to draw from (empty: all).
+    /// Tasks to draw from (empty: all); a task listed twice is drawn twice as often.
     pub tasks: Vec<&'static str>,
     /// Largest length scale (1 = full task lengths).
     pub max_scale: f64,
@@ -344,11 +344,14 @@ impl DataSource for TaskData {
         rng: &mut rand::rngs::StdRng,
         dev: &Device,
     ) -> Result<Vec<crate::objective::Batch>> {
-        let tasks = if self.tasks.is_empty() {
+        let mut tasks = if self.tasks.is_empty() {
             crate::tasks::TASKS.to_vec()
         } else {
             self.tasks.clone()
         };
+        // Weights repeat names; each task's held-out batches are measured once.
+        let mut seen = std::collections::HashSet::new();
+        tasks.retain(|t| seen.insert(*t));
         let per = (self.batch / 4).max(1);
         let mut out = vec![];
         for t in tasks {

@@ -672,6 +672,32 @@ fn token_budget_trims_long_batches_only() {
         lens[4..].iter().all(|&l| l == lens[4] && l < lens[3]),
         "{lens:?}"
     );
+    // A task named twice is drawn twice as often, but measured once on the held-out split.
+    let mut weighted = data(vec!["sort", "sort", "add"], 0);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    assert_eq!(
+        weighted.heldout_batches(&s, &mut rng, &dev).unwrap().len(),
+        8
+    );
+    let s_id = llada_train::vocab::CharVocab::encode("s")[0];
+    let sorts = (0..300)
+        .filter(|&step| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+            let b = weighted
+                .batch(step as usize, 0.0, &s, false, &mut rng, &dev)
+                .unwrap();
+            // Row 0 is BOS, then the prompt: "sort:…" or "add:…".
+            b.ids
+                .get(0)
+                .unwrap()
+                .get(1)
+                .unwrap()
+                .to_scalar::<u32>()
+                .unwrap()
+                == s_id
+        })
+        .count();
+    assert!((170..230).contains(&sorts), "{sorts} sort batches of 300");
 }
 
 /// The two-stream warm-up (`two_stream_batch`): query `i` predicts token `i` from the tokens
