@@ -288,20 +288,23 @@ mod tests {
     fn answers_are_correct() {
         assert_eq!(add_strings("999", "1"), "1000");
         assert_eq!(add_strings("123", "4567"), "4690");
+        // A sum question's operands (`add:A+B`, without `=`) and its answer, from `u128`s.
+        let sum = |q: &str| {
+            let (a, b) = q
+                .strip_prefix("add:")
+                .and_then(|o| o.split_once('+'))
+                .expect("add question");
+            let s: u128 = a.parse::<u128>().unwrap_or(0) + b.parse::<u128>().unwrap_or(0);
+            ((a.len(), b.len()), format!("{s:0w$}", w = ADD_WIDTH + 1))
+        };
         let mut g = TaskGen::new(1, false);
         for _ in 0..200 {
             let e = g.next(None);
             assert!(!is_held_out(&e.prompt));
             if e.task == "add" {
-                let (a, b) = e
-                    .prompt
-                    .trim_start_matches("add:")
-                    .trim_end_matches('=')
-                    .split_once('+')
-                    .unwrap();
-                let (x, y): (u128, u128) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
-                assert_eq!((a.len(), b.len()), (ADD_WIDTH, ADD_WIDTH), "{}", e.prompt);
-                assert_eq!(e.answer, format!("{:0w$}", x + y, w = ADD_WIDTH + 1));
+                let (widths, want) = sum(e.prompt.trim_end_matches('='));
+                assert_eq!(widths, (ADD_WIDTH, ADD_WIDTH), "{}", e.prompt);
+                assert_eq!(e.answer, want);
             }
             if e.task == "multi" {
                 // Numbered questions, answered in order under the same numbers.
@@ -328,13 +331,7 @@ mod tests {
                             .collect();
                         assert_eq!(a, want);
                     } else {
-                        let (x, y) = q
-                            .strip_prefix("add:")
-                            .and_then(|o| o.split_once('+'))
-                            .expect("add question");
-                        let s: u128 =
-                            x.parse::<u128>().unwrap_or(0) + y.parse::<u128>().unwrap_or(0);
-                        assert_eq!(a, format!("{s:0w$}", w = ADD_WIDTH + 1));
+                        assert_eq!(a, sum(q).1);
                     }
                 }
             }
