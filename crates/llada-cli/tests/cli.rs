@@ -234,6 +234,28 @@ fn bad_input_is_a_clear_error() {
                 "train",
                 "--preset",
                 "smollm2-draft",
+                "--distill-from",
+                "0.6",
+            ],
+            "--distill-from and --distill-share need --distill",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "smollm2-draft",
+                "--distill",
+                "smollm2",
+                "--distill-share",
+                "0",
+            ],
+            "--distill-share in (0, 1]",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "smollm2-draft",
                 "--distill",
                 "smollm2",
                 "--distill-soft",

@@ -438,6 +438,12 @@ pub struct ProseData {
     /// Soft labels of the distillation windows (empty: hard distillation): per window `T·k`
     /// classes (row indices) and probabilities, see [`distill_batch`].
     pub distill_soft: Vec<(Vec<u32>, Vec<f32>)>,
+    /// Fraction of the run's progress before distillation batches start (corpus next-token
+    /// batches until then).
+    pub distill_from: f64,
+    /// Once distillation has started, the share of batches drawn from `distill` (the others
+    /// are corpus batches); 1: all.
+    pub distill_share: f64,
     /// LLaDA prose: fraction of the run's progress trained autoregressively first (see
     /// [`TaskData::ar_warmup`]): with [`crate::prose::two_stream_windows`] when `two_stream`,
     /// else plain next-token windows. Other formats ignore it.
@@ -517,7 +523,15 @@ impl DataSource for ProseData {
                     .windows(false, self.batch, self.seq_len + 1, rng),
                 dev,
             )?,
-            Format::Llama if !heldout && !self.distill.is_empty() => {
+            // Share < 1 draws one number per batch; share 1 draws none (a run without these
+            // options keeps its random stream).
+            Format::Llama
+                if !heldout
+                    && !self.distill.is_empty()
+                    && progress >= self.distill_from
+                    && (self.distill_share >= 1.0
+                        || rand::Rng::random::<f64>(&mut *rng) < self.distill_share) =>
+            {
                 distill_batch(&self.distill, &self.distill_soft, self.batch, rng, dev)?
             }
             Format::Llama => crate::prose::next_token_windows(

@@ -340,6 +340,8 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         reduced_vocab: Some((ids.clone(), vocab)),
         distill: vec![],
         distill_soft: vec![],
+        distill_from: 0.0,
+        distill_share: 1.0,
         ar_warmup: 0.0,
         two_stream: false,
     };
@@ -382,6 +384,63 @@ fn reduced_vocabulary_checkpoint_round_trips() {
         let in_set = row.iter().filter(|&&x| x > -1e29).count();
         assert_eq!(in_set, k, "only the reduced ids get logits");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--distill-from F --distill-share S`: before progress F every training batch is a corpus
+/// batch; after it about S of them come from the distillation windows; held-out batches are
+/// always the corpus's.
+#[test]
+fn distillation_starts_at_its_progress_and_takes_its_share() {
+    use llada_train::prose::{train_bpe, Corpus};
+    use llada_train::trainer::{DataSource, ProseData};
+    let dir = std::env::temp_dir().join(format!("llada-train-dfrom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("t.txt");
+    std::fs::write(
+        &text,
+        "In the beginning God created the heaven and the earth.\n".repeat(60),
+    )
+    .unwrap();
+    let tok = train_bpe(&[&text], 300).unwrap();
+    let corpus = Corpus::load(&[&text], &tok, 0).unwrap();
+    // Distillation windows are made of an id no corpus token has.
+    const MARK: u32 = 9_999;
+    let mut data = ProseData {
+        corpus,
+        tokenizer: tok,
+        batch: 2,
+        seq_len: 8,
+        reduced_vocab: None,
+        distill: vec![(vec![MARK; 8], vec![MARK; 8]); 3],
+        distill_soft: vec![],
+        distill_from: 0.4,
+        distill_share: 0.5,
+        ar_warmup: 0.0,
+        two_stream: false,
+    };
+    let s = spec(Format::Llama);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut from_distill = |progress: f64, heldout: bool, rng: &mut rand::rngs::StdRng| {
+        let b = data
+            .batch(0, progress, &s, heldout, rng, &Device::Cpu)
+            .unwrap();
+        let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
+        let marked = ids.iter().flatten().filter(|&&t| t == MARK).count();
+        assert!(marked == 0 || marked == 16, "a batch mixes sources");
+        marked == 16
+    };
+    for i in 0..200 {
+        assert!(!from_distill(0.399 * i as f64 / 200.0, false, &mut rng));
+        assert!(!from_distill(0.9, true, &mut rng));
+    }
+    let late = (0..400)
+        .filter(|i| from_distill(0.4 + 0.6 * *i as f64 / 400.0, false, &mut rng))
+        .count();
+    assert!(
+        (160..=240).contains(&late),
+        "{late} of 400 late batches distilled"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
