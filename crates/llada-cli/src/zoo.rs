@@ -331,8 +331,8 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     use llada_train::prose::{train_bpe, Corpus};
     use llada_train::trainer::{train as train_with, ProseData};
     let files = prose_files()?;
-    // With --distill, the target's labelling counts against --minutes: the budget is the
-    // whole command's.
+    // With --distill, the data preparation (tokenizing, the target's labelling) counts
+    // against --minutes: the budget is the whole command's.
     let started = std::time::Instant::now();
     let (tokenizer, eos) = if a.preset == "smollm2-draft" {
         let path = crate::models::resolve("smollm2", false)?;
@@ -478,7 +478,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
         if let Some(b) = opts.time_budget_s.as_mut() {
             let spent = started.elapsed().as_secs_f64();
             eprintln!(
-                "{:.1} of the {:.1} minutes went to the target's labels",
+                "{:.1} of the {:.1} minutes went to tokenizing and to the target's labels",
                 spent / 60.0,
                 *b / 60.0
             );
