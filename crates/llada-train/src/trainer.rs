@@ -510,6 +510,15 @@ impl DataSource for ProseData {
         dev: &Device,
     ) -> Result<crate::objective::Batch> {
         let ar = !heldout && progress < self.ar_warmup;
+        // A draft's training batch comes from the distillation windows once distillation has
+        // started, with probability `distill_share`. Share < 1 draws one number per batch;
+        // share 1 draws none (a run without these options keeps its random stream).
+        let distill = spec.format == Format::Llama
+            && !heldout
+            && !self.distill.is_empty()
+            && progress >= self.distill_from
+            && (self.distill_share >= 1.0
+                || rand::Rng::random::<f64>(&mut *rng) < self.distill_share);
         Ok(match spec.format {
             Format::LLaDA if ar && self.two_stream => crate::prose::two_stream_windows(
                 &self.corpus.windows(false, self.batch, self.seq_len, rng),
@@ -523,15 +532,7 @@ impl DataSource for ProseData {
                     .windows(false, self.batch, self.seq_len + 1, rng),
                 dev,
             )?,
-            // Share < 1 draws one number per batch; share 1 draws none (a run without these
-            // options keeps its random stream).
-            Format::Llama
-                if !heldout
-                    && !self.distill.is_empty()
-                    && progress >= self.distill_from
-                    && (self.distill_share >= 1.0
-                        || rand::Rng::random::<f64>(&mut *rng) < self.distill_share) =>
-            {
+            Format::Llama if distill => {
                 distill_batch(&self.distill, &self.distill_soft, self.batch, rng, dev)?
             }
             Format::Llama => crate::prose::next_token_windows(

@@ -306,25 +306,39 @@ fn gradients_match_finite_differences() {
     }
 }
 
+/// A corpus of `text` in a fresh temporary directory (named by `tag`), with a 300-token BPE
+/// trained on it: `(directory, tokenizer, corpus)`.
+fn tiny_corpus(
+    tag: &str,
+    text: &str,
+) -> (
+    std::path::PathBuf,
+    tokenizers::Tokenizer,
+    llada_train::prose::Corpus,
+) {
+    use llada_train::prose::{train_bpe, Corpus};
+    let dir = std::env::temp_dir().join(format!("llada-train-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t.txt");
+    std::fs::write(&file, text).unwrap();
+    let tok = train_bpe(&[&file], 300).unwrap();
+    let corpus = Corpus::load(&[&file], &tok, 0).unwrap();
+    (dir, tok, corpus)
+}
+
 /// A reduced-vocabulary draft (embedding and head over the K most frequent ids plus one shared
 /// row) loads through the engine: in-set ids get the training model's logits, the others none,
 /// and out-of-set input ids read the shared row.
 #[test]
 fn reduced_vocabulary_checkpoint_round_trips() {
-    use llada_train::prose::{reduce_vocab, train_bpe, Corpus};
+    use llada_train::prose::reduce_vocab;
     use llada_train::trainer::ProseData;
     let dev = Device::Cpu;
-    let dir = std::env::temp_dir().join(format!("llada-train-rv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = dir.join("t.txt");
-    std::fs::write(
-        &text,
-        "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.\nIn the beginning God created the heaven and the earth.\n".repeat(40),
-    )
-    .unwrap();
-    let tok = train_bpe(&[&text], 300).unwrap();
+    let (dir, tok, mut corpus) = tiny_corpus(
+        "rv",
+        &"It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.\nIn the beginning God created the heaven and the earth.\n".repeat(40),
+    );
     let vocab = tok.get_vocab_size(true);
-    let mut corpus = Corpus::load(&[&text], &tok, 0).unwrap();
     let k = 16;
     let (ids, cover) = reduce_vocab(&mut corpus, vocab, k);
     assert!(cover > 0.0 && cover < 1.0);
@@ -392,18 +406,11 @@ fn reduced_vocabulary_checkpoint_round_trips() {
 /// always the corpus's.
 #[test]
 fn distillation_starts_at_its_progress_and_takes_its_share() {
-    use llada_train::prose::{train_bpe, Corpus};
     use llada_train::trainer::{DataSource, ProseData};
-    let dir = std::env::temp_dir().join(format!("llada-train-dfrom-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = dir.join("t.txt");
-    std::fs::write(
-        &text,
-        "In the beginning God created the heaven and the earth.\n".repeat(60),
-    )
-    .unwrap();
-    let tok = train_bpe(&[&text], 300).unwrap();
-    let corpus = Corpus::load(&[&text], &tok, 0).unwrap();
+    let (dir, tok, corpus) = tiny_corpus(
+        "dfrom",
+        &"In the beginning God created the heaven and the earth.\n".repeat(60),
+    );
     // Distillation windows are made of an id no corpus token has.
     const MARK: u32 = 9_999;
     let mut data = ProseData {
