@@ -88,10 +88,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2048)]
     distill_windows: usize,
     /// Where --distill's windows come from: `corpus` (training-split windows, labelled with
-    /// the target's argmax) or `generated` (a 32-token training-split prefix, alternately as raw
+    /// the target's argmax), `generated` (a 32-token training-split prefix, alternately as raw
     /// text and inside a chat request, continued by the target's own greedy tokens: the text
-    /// a draft meets during speculation).
-    #[arg(long, default_value = "corpus", value_parser = ["corpus", "generated"])]
+    /// a draft meets during speculation) or `mixed` (even windows from the corpus, odd ones
+    /// generated: the held-out prose a draft is evaluated on and the text it drafts in use).
+    /// A corpus window costs one causal pass of the target (its argmax and, with
+    /// --distill-soft, its top K come from the same logits); a generated one a greedy decode.
+    #[arg(long, default_value = "corpus", value_parser = ["corpus", "generated", "mixed"])]
     distill_source: String,
     /// Soft distillation: train on the target's K most likely next tokens after every prefix
     /// (its softmax, renormalised over those K; ids outside a draft's reduced vocabulary pool
@@ -392,19 +395,14 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     eprintln!("tokenizing the corpora (vocab {vocab}) ...");
     let mut corpus = Corpus::load(&files, &tokenizer, eos)?;
     let seq_len = 128;
-    let mut distill = match &a.distill {
-        Some(t) => distill_labels(
-            t,
-            &corpus.train,
-            a.distill_windows,
-            seq_len,
-            a.distill_source == "generated",
-        )?,
-        None => vec![],
-    };
-    let mut distill_soft = match (&a.distill, a.distill_soft) {
-        (Some(t), k) if k > 0 => soft_labels(t, &distill, k, a.distill_source == "generated")?,
-        _ => vec![],
+    let (mut distill, mut distill_soft) = match &a.distill {
+        Some(t) => {
+            let source = Source::parse(&a.distill_source);
+            let windows = source.windows(&corpus.train, a.distill_windows, seq_len)?;
+            let data = std::path::Path::new("data");
+            label_windows(t, &windows, seq_len, source, a.distill_soft, data)?
+        }
+        None => (vec![], vec![]),
     };
     let reduced_vocab = if a.preset == "smollm2-draft" && DRAFT_VOCAB < vocab {
         // The draft embeds and predicts only the most frequent ids (one shared row for the
@@ -690,26 +688,28 @@ impl Labeller {
         }
     }
 
-    /// `f(model, lane, k)` for every window `k < n`, spread over the workers (worker `w` takes
-    /// windows `w, w + W, …`), results in window order; the first error stops the rest.
+    /// `f(model, lane, k)` for every window `k < n`, spread over the workers (each takes the
+    /// next window not yet taken: windows of unequal cost — a `mixed` source's corpus and
+    /// generated windows alternate — keep every worker busy to the end), results in window
+    /// order; the first error stops the rest.
     fn map<T: Send>(
         &self,
         n: usize,
         f: impl Fn(&Model, &Lane, usize) -> Result<T> + Sync,
     ) -> Result<Vec<T>> {
-        let workers = self.lanes.len();
+        let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
         let parts: Vec<Result<Vec<(usize, T)>>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .lanes
                 .iter()
-                .enumerate()
-                .map(|(w, lane)| {
-                    let (f, failed) = (&f, &failed);
+                .map(|lane| {
+                    let (f, failed, next) = (&f, &failed, &next);
                     s.spawn(move || {
                         let mut out = Vec::new();
-                        for k in (w..n).step_by(workers) {
-                            if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        loop {
+                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if k >= n || failed.load(std::sync::atomic::Ordering::Relaxed) {
                                 break;
                             }
                             match f(&self.model, lane, k) {
@@ -763,121 +763,192 @@ fn write_words(path: &std::path::Path, w: &[u32]) -> Result<()> {
 /// Tokens of a `generated` distillation window's corpus prefix.
 const GEN_PREFIX: usize = 32;
 
-/// `n` windows of `t` tokens spread evenly over `train` (full token ids), each with the target's
-/// argmax after every prefix (one causal forward per window). With `generated`, window `k`
-/// keeps only its first [`GEN_PREFIX`] corpus tokens — as raw text for even `k`, inside a chat
-/// request ("Continue this passage: …") for odd `k` — and the target continues it greedily to
-/// `t` tokens. Cached in `data/distill[-gen]-TARGET-NxT.bin` (magic, n, t, inputs, labels as
-/// little-endian u32); the cache is used only if its inputs are this corpus's windows (for
-/// `generated`: if its raw-text windows start with this corpus's prefixes).
-fn distill_labels(
-    target: &str,
-    train: &[u32],
-    n: usize,
-    t: usize,
-    generated: bool,
-) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
-    if n == 0 || train.len() < t + 1 {
-        bail!("--distill-windows must be > 0 and the corpus longer than a window");
+/// Where distillation windows come from (`--distill-source`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    Corpus,
+    Generated,
+    Mixed,
+}
+
+impl Source {
+    fn parse(s: &str) -> Self {
+        match s {
+            "generated" => Self::Generated,
+            "mixed" => Self::Mixed,
+            _ => Self::Corpus,
+        }
     }
-    let stride = ((train.len() - t) / n).max(1);
-    let inputs: Vec<Vec<u32>> = (0..n)
-        .map(|k| (k * stride).min(train.len() - t))
-        .map(|s| train[s..s + t].to_vec())
-        .collect();
+
+    /// The caches' name stem.
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Corpus => "distill",
+            Self::Generated => "distill-gen",
+            Self::Mixed => "distill-mix",
+        }
+    }
+
+    /// How window `k` is made: `None`, a corpus window; `Some(chat)`, written by the target
+    /// from the window's first [`GEN_PREFIX`] tokens, inside a chat request when `chat`.
+    fn generated(self, k: usize) -> Option<bool> {
+        match self {
+            Self::Corpus => None,
+            Self::Generated => Some(k % 2 == 1),
+            Self::Mixed => (k % 2 == 1).then_some(k % 4 == 3),
+        }
+    }
+
+    /// `n` windows of `t` tokens spread evenly over the training split (full token ids): the
+    /// corpus windows themselves, or the prefixes the target continues.
+    fn windows(self, train: &[u32], n: usize, t: usize) -> Result<Vec<Vec<u32>>> {
+        if n == 0 || train.len() < t + 1 {
+            bail!("--distill-windows must be > 0 and the corpus longer than a window");
+        }
+        let stride = ((train.len() - t) / n).max(1);
+        Ok((0..n)
+            .map(|k| (k * stride).min(train.len() - t))
+            .map(|s| train[s..s + t].to_vec())
+            .collect())
+    }
+}
+
+/// Labelled distillation windows: inputs and the target's argmax after every prefix.
+type Hard = Vec<(Vec<u32>, Vec<u32>)>;
+/// The target's `k` most likely next tokens after every prefix (full ids, position-major) with
+/// their probabilities renormalised over those `k`.
+type Soft = Vec<(Vec<u32>, Vec<f32>)>;
+
+const HARD_MAGIC: u32 = 0x4c4c_4453;
+const SOFT_MAGIC: u32 = 0x4b4c_4453;
+
+/// Labels `inputs` (from [`Source::windows`]) with the target: every window's argmax labels
+/// and, with `k > 0`, its top-`k` soft labels, in one pass per window — a corpus window is one
+/// causal forward (both labels from the same logits), a generated one a greedy decode from its
+/// prefix (see [`generate_window`]) plus one causal forward for the soft labels.
+///
+/// Cached in `DIR/KIND-TARGET-NxT.bin` (magic, n, t, inputs, labels as little-endian u32) and
+/// `DIR/KIND-softK-TARGET-NxT.bin` (magic, n, t, k, inputs, ids, probabilities as f32 bits);
+/// a cache is used only if its inputs are these windows (a generated window: if it starts with
+/// its prefix, or is a chat request), and soft labels alone are added to cached hard ones.
+fn label_windows(
+    target: &str,
+    inputs: &[Vec<u32>],
+    t: usize,
+    source: Source,
+    k: usize,
+    dir: &std::path::Path,
+) -> Result<(Hard, Soft)> {
+    let n = inputs.len();
     let stem = file_stem(target);
-    let kind = if generated { "distill-gen" } else { "distill" };
-    let cache = PathBuf::from("data").join(format!("{kind}-{stem}-{n}x{t}.bin"));
-    let same_source = |k: usize, x: &[u32]| {
-        if generated {
-            k % 2 == 1 || x[..GEN_PREFIX.min(t)] == inputs[k][..GEN_PREFIX.min(t)]
-        } else {
-            x == inputs[k].as_slice()
-        }
+    let kind = source.kind();
+    let hard_cache = dir.join(format!("{kind}-{stem}-{n}x{t}.bin"));
+    let soft_cache = dir.join(format!("{kind}-soft{k}-{stem}-{n}x{t}.bin"));
+    let p = GEN_PREFIX.min(t);
+    let same_source = |i: usize, x: &[u32]| match source.generated(i) {
+        None => x == inputs[i].as_slice(),
+        Some(chat) => chat || x[..p] == inputs[i][..p],
     };
-    if let Some(w) = read_words(&cache) {
-        if w.len() == 3 + 2 * n * t
-            && w[0] == 0x4c4c_4453
-            && w[1] as usize == n
-            && w[2] as usize == t
-        {
-            let (xs, ys) = w[3..].split_at(n * t);
-            if xs.chunks(t).enumerate().all(|(k, x)| same_source(k, x)) {
-                eprintln!("distillation labels: {} (cached)", cache.display());
-                return Ok(xs
-                    .chunks(t)
-                    .map(<[u32]>::to_vec)
-                    .zip(ys.chunks(t).map(<[u32]>::to_vec))
-                    .collect());
-            }
+    let cached = read_hard(&hard_cache, n, t)
+        .filter(|w| w.iter().enumerate().all(|(i, (x, _))| same_source(i, x)));
+    if let Some(hard) = cached {
+        eprintln!("distillation labels: {} (cached)", hard_cache.display());
+        if k == 0 {
+            return Ok((hard, vec![]));
         }
+        if let Some(soft) = read_soft(&soft_cache, &hard, k) {
+            eprintln!("soft labels: {} (cached)", soft_cache.display());
+            return Ok((hard, soft));
+        }
+        let l = Labeller::load(target, n, "soft labels")?;
+        let soft = l.map(n, |model, lane, i| causal_top_k(model, lane, &hard[i].0, k))?;
+        write_soft(&soft_cache, &hard, &soft, k)?;
+        return Ok((hard, soft));
+    }
+    if hard_cache.exists() {
         eprintln!(
-            "{} does not match this corpus: relabelling",
-            cache.display()
+            "{} does not match these windows: relabelling",
+            hard_cache.display()
         );
     }
     let l = Labeller::load(target, n, "labelling")?;
-    let out = l.map(n, |model, lane, k| {
-        let x = &inputs[k];
-        if generated {
-            generate_window(model, lane, &x[..GEN_PREFIX.min(t)], k % 2 == 1, t)
-        } else {
-            Ok((x.clone(), causal_argmax(model, lane, x)?))
-        }
-    })?;
-    let mut w: Vec<u32> = vec![0x4c4c_4453, n as u32, t as u32];
-    w.extend(out.iter().flat_map(|(x, _)| x.iter().copied()));
-    w.extend(out.iter().flat_map(|(_, y)| y.iter().copied()));
-    write_words(&cache, &w)?;
-    Ok(out)
-}
-
-/// The target's `k` most likely next tokens after every prefix of each distillation window,
-/// with their softmax probabilities renormalised over those `k` (full ids; per window `t·k`
-/// entries, position-major): one causal forward per window. Cached in
-/// `data/distill[-gen]-softK-TARGET-NxT.bin` (magic, n, t, k, the windows' inputs, ids, then
-/// probabilities as little-endian u32 / f32), used only if its inputs are these windows.
-fn soft_labels(
-    target: &str,
-    windows: &[(Vec<u32>, Vec<u32>)],
-    k: usize,
-    generated: bool,
-) -> Result<Vec<(Vec<u32>, Vec<f32>)>> {
-    let n = windows.len();
-    let t = windows.first().map_or(0, |w| w.0.len());
-    let kind = if generated { "distill-gen" } else { "distill" };
-    let cache =
-        PathBuf::from("data").join(format!("{kind}-soft{k}-{}-{n}x{t}.bin", file_stem(target)));
-    const MAGIC: u32 = 0x4b4c_4453;
-    if let Some(w) = read_words(&cache) {
-        let head = [MAGIC, n as u32, t as u32, k as u32];
-        if w.len() == 4 + n * t + 2 * n * t * k && w[..4] == head {
-            let (xs, rest) = w[4..].split_at(n * t);
-            let (cs, ps) = rest.split_at(n * t * k);
-            if xs.chunks(t).zip(windows).all(|(x, w)| x == w.0.as_slice()) {
-                eprintln!("soft labels: {} (cached)", cache.display());
-                return Ok(cs
-                    .chunks(t * k)
-                    .zip(ps.chunks(t * k))
-                    .map(|(c, p)| (c.to_vec(), p.iter().map(|&b| f32::from_bits(b)).collect()))
-                    .collect());
+    let out = l.map(n, |model, lane, i| {
+        let x = &inputs[i];
+        match source.generated(i) {
+            None => {
+                let out = causal_logits(model, lane, x)?;
+                let y = (0..t)
+                    .map(|j| llada_decode::sampling::argmax(out.row(j)))
+                    .collect();
+                let soft = (k > 0).then(|| top_k_rows(&out, t, k));
+                Ok(((x.clone(), y), soft))
+            }
+            Some(chat) => {
+                let (x, y) = generate_window(model, lane, &x[..p], chat, t)?;
+                let soft = match k {
+                    0 => None,
+                    _ => Some(causal_top_k(model, lane, &x, k)?),
+                };
+                Ok(((x, y), soft))
             }
         }
-        eprintln!(
-            "{} does not match these windows: relabelling",
-            cache.display()
-        );
-    }
-    let l = Labeller::load(target, n, "soft labels")?;
-    let out = l.map(n, |model, lane, i| {
-        causal_top_k(model, lane, &windows[i].0, k)
     })?;
-    let mut w: Vec<u32> = vec![MAGIC, n as u32, t as u32, k as u32];
+    let (hard, soft): (Hard, Vec<_>) = out.into_iter().unzip();
+    let soft: Soft = soft.into_iter().flatten().collect();
+    let mut w: Vec<u32> = vec![HARD_MAGIC, n as u32, t as u32];
+    w.extend(hard.iter().flat_map(|(x, _)| x.iter().copied()));
+    w.extend(hard.iter().flat_map(|(_, y)| y.iter().copied()));
+    write_words(&hard_cache, &w)?;
+    if k > 0 {
+        write_soft(&soft_cache, &hard, &soft, k)?;
+    }
+    Ok((hard, soft))
+}
+
+/// A hard-label cache's windows, if it holds `n` windows of `t` tokens.
+fn read_hard(path: &std::path::Path, n: usize, t: usize) -> Option<Hard> {
+    let w = read_words(path)?;
+    if w.len() != 3 + 2 * n * t || w[0] != HARD_MAGIC || w[1] as usize != n || w[2] as usize != t {
+        return None;
+    }
+    let (xs, ys) = w[3..].split_at(n * t);
+    Some(
+        xs.chunks(t)
+            .map(<[u32]>::to_vec)
+            .zip(ys.chunks(t).map(<[u32]>::to_vec))
+            .collect(),
+    )
+}
+
+/// A soft-label cache's labels, if they are top-`k` labels of exactly these windows.
+fn read_soft(path: &std::path::Path, windows: &Hard, k: usize) -> Option<Soft> {
+    let n = windows.len();
+    let t = windows.first().map_or(0, |w| w.0.len());
+    let w = read_words(path)?;
+    let head = [SOFT_MAGIC, n as u32, t as u32, k as u32];
+    if w.len() != 4 + n * t * (1 + 2 * k) || w[..4] != head {
+        return None;
+    }
+    let (xs, rest) = w[4..].split_at(n * t);
+    let (cs, ps) = rest.split_at(n * t * k);
+    if !xs.chunks(t).zip(windows).all(|(x, w)| x == w.0.as_slice()) {
+        return None;
+    }
+    Some(
+        cs.chunks(t * k)
+            .zip(ps.chunks(t * k))
+            .map(|(c, p)| (c.to_vec(), p.iter().map(|&b| f32::from_bits(b)).collect()))
+            .collect(),
+    )
+}
+
+fn write_soft(path: &std::path::Path, windows: &Hard, soft: &Soft, k: usize) -> Result<()> {
+    let t = windows.first().map_or(0, |w| w.0.len());
+    let mut w: Vec<u32> = vec![SOFT_MAGIC, windows.len() as u32, t as u32, k as u32];
     w.extend(windows.iter().flat_map(|(x, _)| x.iter().copied()));
-    w.extend(out.iter().flat_map(|(c, _)| c.iter().copied()));
-    w.extend(out.iter().flat_map(|(_, p)| p.iter().map(|v| v.to_bits())));
-    write_words(&cache, &w)?;
-    Ok(out)
+    w.extend(soft.iter().flat_map(|(c, _)| c.iter().copied()));
+    w.extend(soft.iter().flat_map(|(_, p)| p.iter().map(|v| v.to_bits())));
+    write_words(path, &w)
 }
 
 /// The `k` largest entries of the softmax of every row of one causal forward over `tokens`,
@@ -885,13 +956,18 @@ fn soft_labels(
 /// each.
 fn causal_top_k(m: &Model, lane: &Lane, tokens: &[u32], k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
     let out = causal_logits(m, lane, tokens)?;
+    Ok(top_k_rows(&out, tokens.len(), k))
+}
+
+/// [`top_k_softmax`] of the first `rows` rows of a forward's logits, concatenated.
+fn top_k_rows(out: &llada_model::ForwardOutput, rows: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
     let (mut ids, mut probs) = (Vec::new(), Vec::new());
-    for i in 0..tokens.len() {
+    for i in 0..rows {
         let (c, p) = top_k_softmax(out.row(i), k);
         ids.extend(c);
         probs.extend(p);
     }
-    Ok((ids, probs))
+    (ids, probs)
 }
 
 /// The `k` most likely classes of `softmax(logits)` (ties: lower id first), probabilities
@@ -1781,5 +1857,47 @@ mod tests {
         merge_soft_rows(&row, 2, 3, &mut c, &mut p);
         assert_eq!(c, vec![1, 2, 0, 0, 1, 0]);
         assert_eq!(p, vec![0.5, 0.5, 0.0, 0.6, 0.4, 0.0]);
+    }
+
+    /// Mixed windows: corpus windows keep their tokens, generated ones their prefix and the
+    /// target's greedy continuation; the fused pass's argmax labels equal a separate forward's
+    /// and the top of its soft labels; a second call reads the caches, and soft labels made
+    /// afresh for cached windows (a separate pass) equal the fused ones.
+    #[test]
+    fn mixed_windows_are_labelled_in_one_pass_and_cached() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let target = root.join("tests/fixtures/hf-llama");
+        let target = target.to_str().unwrap();
+        let dir = std::env::temp_dir().join(format!("llada-label-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = GEN_PREFIX + 8;
+        let train: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 50 + 3).collect();
+        let inputs = Source::Mixed.windows(&train, 3, t).unwrap();
+        let (hard, soft) = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        assert_eq!((hard.len(), soft.len()), (3, 3));
+        assert_eq!(hard[0].0, inputs[0]);
+        assert_eq!(hard[2].0, inputs[2]);
+        assert_eq!(hard[1].0[..GEN_PREFIX], inputs[1][..GEN_PREFIX]);
+        let model = Model::load(std::path::Path::new(target), &LoadOptions::default()).unwrap();
+        let lane = Lane::new("test", 1).unwrap();
+        for (w, ((x, y), (c, p))) in hard.iter().zip(&soft).enumerate() {
+            assert_eq!(y, &causal_argmax(&model, &lane, x).unwrap(), "window {w}");
+            for j in 0..t {
+                assert_eq!(c[j * 3], y[j], "window {w} position {j}");
+                let z: f32 = p[j * 3..j * 3 + 3].iter().sum();
+                assert!((z - 1.0).abs() < 1e-5);
+            }
+        }
+        // The generated window continues greedily: past the prefix, each label is the next token.
+        for j in GEN_PREFIX..t - 1 {
+            assert_eq!(hard[1].1[j], hard[1].0[j + 1]);
+        }
+        let again = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        assert_eq!((&again.0, &again.1), (&hard, &soft));
+        let stem = file_stem(target);
+        std::fs::remove_file(dir.join(format!("distill-mix-soft3-{stem}-3x{t}.bin"))).unwrap();
+        let fresh = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        assert_eq!((&fresh.0, &fresh.1), (&hard, &soft));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

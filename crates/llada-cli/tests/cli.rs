@@ -475,3 +475,27 @@ fn bench_diffusion_reports_its_fields() {
     }
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// The zoo's size limit: every shipped weights file together ≤ 40 MB (10⁶ bytes).
+#[test]
+fn shipped_weights_fit_the_zoo_limit() {
+    fn walk(dir: &std::path::Path, total: &mut u64, files: &mut usize) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, total, files);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "safetensors" || x == "gguf")
+            {
+                *total += e.metadata().unwrap().len();
+                *files += 1;
+            }
+        }
+    }
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let (mut total, mut files) = (0, 0);
+    walk(&models, &mut total, &mut files);
+    assert!(files >= 5, "{files} weights files under models/");
+    assert!(total <= 40_000_000, "shipped weights: {total} bytes");
+}
