@@ -398,7 +398,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let (mut distill, mut distill_soft) = match &a.distill {
         Some(t) => {
             let source = Source::parse(&a.distill_source);
-            let windows = source.windows(&corpus.train, a.distill_windows, seq_len)?;
+            let windows = Source::windows(&corpus.train, a.distill_windows, seq_len)?;
             let data = std::path::Path::new("data");
             label_windows(t, &windows, seq_len, source, a.distill_soft, data)?
         }
@@ -800,8 +800,8 @@ impl Source {
     }
 
     /// `n` windows of `t` tokens spread evenly over the training split (full token ids): the
-    /// corpus windows themselves, or the prefixes the target continues.
-    fn windows(self, train: &[u32], n: usize, t: usize) -> Result<Vec<Vec<u32>>> {
+    /// corpus windows themselves, or the prefixes the target continues (whatever the source).
+    fn windows(train: &[u32], n: usize, t: usize) -> Result<Vec<Vec<u32>>> {
         if n == 0 || train.len() < t + 1 {
             bail!("--distill-windows must be > 0 and the corpus longer than a window");
         }
@@ -877,9 +877,7 @@ fn label_windows(
         match source.generated(i) {
             None => {
                 let out = causal_logits(model, lane, x)?;
-                let y = (0..t)
-                    .map(|j| llada_decode::sampling::argmax(out.row(j)))
-                    .collect();
+                let y = argmax_rows(&out, t);
                 let soft = (k > 0).then(|| top_k_rows(&out, t, k));
                 Ok(((x.clone(), y), soft))
             }
@@ -1584,9 +1582,14 @@ fn causal_logits(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<llada_model::
 /// Argmax of each row of a forward over `tokens` (causal), one per position.
 fn causal_argmax(m: &Model, lane: &Lane, tokens: &[u32]) -> Result<Vec<u32>> {
     let out = causal_logits(m, lane, tokens)?;
-    Ok((0..tokens.len())
+    Ok(argmax_rows(&out, tokens.len()))
+}
+
+/// Argmax of each of the first `rows` rows of a forward's logits.
+fn argmax_rows(out: &llada_model::ForwardOutput, rows: usize) -> Vec<u32> {
+    (0..rows)
         .map(|i| llada_decode::sampling::argmax(out.row(i)))
-        .collect())
+        .collect()
 }
 
 /// Draft vs target: top-1 agreement on held-out Austen, and greedy chain speculation with 4
@@ -1872,7 +1875,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let t = GEN_PREFIX + 8;
         let train: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 50 + 3).collect();
-        let inputs = Source::Mixed.windows(&train, 3, t).unwrap();
+        let inputs = Source::windows(&train, 3, t).unwrap();
         let (hard, soft) = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
         assert_eq!((hard.len(), soft.len()), (3, 3));
         assert_eq!(hard[0].0, inputs[0]);
