@@ -32,8 +32,10 @@ pub struct DiffusionBenchArgs {
     /// Shortest answer counted as long.
     #[arg(long, default_value_t = 48)]
     min_answer: usize,
-    /// Answer length for task models (≥ 128 for the long-answer setting).
-    #[arg(long, default_value_t = 128)]
+    /// Answer length for task models (≥ 128 for the long-answer setting; 160 since
+    /// stop 28 so that five-question answers, 139 characters, fit with their EOS tail; 128
+    /// before, when the long answers were sorts of up to 143).
+    #[arg(long, default_value_t = 160)]
     gen_length: usize,
     /// Answer length for prose models.
     #[arg(long, default_value_t = 256)]
@@ -187,7 +189,8 @@ pub struct SweepPoint {
     pub ms_per_token: f64,
 }
 
-/// The tasks with long answers (single sums and running sums stop at 11 and 16 digits).
+/// The tasks with long answers (single sums and running sums stop at 11 and 16 digits):
+/// sorts of 24–32 digits (47–63 characters) and five-question answers (139).
 const LONG_TASKS: [&str; 2] = ["sort", "multi"];
 
 /// Long-answer held-out examples that fit `gen` (answer + at least one EOS).

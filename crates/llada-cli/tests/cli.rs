@@ -459,7 +459,10 @@ fn bench_diffusion_reports_its_fields() {
             assert!(!r[k].is_null(), "{k} missing in {r}");
         }
     }
-    assert_eq!(runs[0]["forwards"], 128.0);
+    assert_eq!(
+        runs[0]["forwards"], 160.0,
+        "vanilla: one forward per token of the default --gen-length"
+    );
     for r in runs {
         let passes = r["latency_passes_s"].as_array().unwrap();
         assert_eq!(passes.len(), 2, "one latency per interleaved pass");

@@ -3,10 +3,10 @@
 //! | task | prompt | answer | answer length |
 //! |---|---|---|---|
 //! | `add` | `add:0…0123+0…04567=` (both operands zero-padded to [`ADD_WIDTH`] = 10 digits) | `0…04690` (11 digits) | 11 |
-//! | `sort` | `sort:3 1 2=` | `1 2 3` | 1–143 |
+//! | `sort` | `sort:3 1 2=` (1–[`SORT_MAX`] = 32 digits) | `1 2 3` | 1–63 |
 //! | `rev` | `rev:hello=` | `olleh` | 1–16 |
 //! | `cumsum` | `cum:0…03141=` (zero-padded to [`CUM_WIDTH`] = 16 digits) | `0…03485` (running sum mod 10: every answer digit depends on the previous) | 16 |
-//! | `multi` | `1>add:…;2>rev:ab;3>cum:…=` | `1>…;2>ba;3>…` (two to five numbered questions in one response) | 7–94 |
+//! | `multi` | `1>␣␣…add:…;2>␣␣…rev:ab;…;5>…=` | `1>…␣␣;2>ba␣␣…;…;5>…` (five numbered questions in fixed columns, one response) | 139 |
 //!
 //! Sums and running sums are **fixed-width** (since stop 15): the operands have 1–16 (1–32)
 //! significant digits — 1–10 (1–16) since stop 16, which narrowed them so that an exact match
@@ -16,13 +16,21 @@
 //! depends on the operands' lengths, and a 4-minute run on sums alone went from 0 % to 12.5 %
 //! exact when the width was fixed (docs/training.md, "Fixed-width numbers"). Word reversal needs
 //! no padding: answer letter k reads the prompt 2k + 2 positions back whatever the word's length.
-//! Answers of ≥ 128 characters come from long sorts.
+//! Answers of ≥ 128 characters come from multi-question responses.
 //!
 //! Multi-question prompts **number** their questions and answers (`2>` opens the second; since
-//! stop 25). Unnumbered, the distance from an answer to its question depends on the lengths of
-//! every other question and answer, which relative-position attention can only resolve by
-//! counting separators, and the models answered none (0 % exact, the answers collapsed to
-//! zeros); the number gives each answer a content key to look its question up by.
+//! stop 25) and, since stop 28, lay them out in **fixed columns**: always [`MULTI_QUESTIONS`]
+//! questions, each question right-aligned in a [`MULTI_SLOT`]-character slot (spaces on its
+//! left) and each answer left-aligned in a slot of the same width (spaces on its right). The
+//! distance from an answer character to the question characters it depends on then depends
+//! only on its column, the same in every example (the same column of prompt and answer is
+//! 140 positions apart), as zero padding made it for sums.
+//! With free-length questions (stops 14–27) that distance depended on the lengths of every
+//! other question and answer, and no model ever answered one (0 % exact).
+//!
+//! Sorts have at most [`SORT_MAX`] digits since stop 28 (72 before: 0 % exact at every stop;
+//! a sorted answer is right only if every digit's count is, and counts of up to ≈ 20 of each
+//! digit were beyond these models).
 //!
 //! The held-out split is fixed: an example belongs to it iff a hash of its prompt falls in
 //! bucket 0 of 16; training generators skip those prompts, so train and held-out never overlap.
@@ -44,6 +52,13 @@ pub const TASKS: [&str; 5] = ["add", "sort", "rev", "cumsum", "multi"];
 pub const ADD_WIDTH: usize = 10;
 /// Digits of a running sum's input and answer (zero-padded).
 pub const CUM_WIDTH: usize = 16;
+/// Most digits in a sort question.
+pub const SORT_MAX: usize = 32;
+/// Questions in a multi-question prompt.
+pub const MULTI_QUESTIONS: usize = 5;
+/// Width of a multi-question slot (question or answer, without its `N>` label): the longest
+/// question, `add:` and two operands.
+pub const MULTI_SLOT: usize = 4 + 2 * ADD_WIDTH + 1;
 
 fn digits(rng: &mut StdRng, n: usize) -> String {
     let mut s: String = (0..n)
@@ -96,7 +111,7 @@ fn one(rng: &mut StdRng, task: &'static str, scale: f64, lo: f64) -> (String, St
             )
         }
         "sort" => {
-            let n = len(rng, 72);
+            let n = len(rng, SORT_MAX);
             let v: Vec<u8> = (0..n).map(|_| rng.random_range(0..10)).collect();
             let mut s = v.clone();
             s.sort();
@@ -171,14 +186,14 @@ impl TaskGen {
         loop {
             let t = task.unwrap_or_else(|| self.tasks[self.rng.random_range(0..self.tasks.len())]);
             let (prompt, answer) = if t == "multi" {
-                let k = self.rng.random_range(2..=5);
                 let mut ps = vec![];
                 let mut ans = vec![];
-                for i in 1..=k {
+                let w = MULTI_SLOT;
+                for i in 1..=MULTI_QUESTIONS {
                     let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
                     let (p, a) = one(&mut self.rng, sub, self.scale, self.lo);
-                    ps.push(format!("{i}>{p}"));
-                    ans.push(format!("{i}>{a}"));
+                    ps.push(format!("{i}>{p:>w$}"));
+                    ans.push(format!("{i}>{a:<w$}"));
                 }
                 (ps.join(";"), ans.join(";"))
             } else {
@@ -307,17 +322,23 @@ mod tests {
                 assert_eq!(e.answer, want);
             }
             if e.task == "multi" {
-                // Numbered questions, answered in order under the same numbers.
+                // Numbered questions in fixed columns, answered in order under the same
+                // numbers: question i starts at i·(slot + 3) in the prompt, answer i at the
+                // same offset in the answer.
                 let qs: Vec<&str> = e.prompt.trim_end_matches('=').split(';').collect();
                 let ans: Vec<&str> = e.answer.split(';').collect();
-                assert!((2..=5).contains(&qs.len()), "{}", e.prompt);
+                assert_eq!(qs.len(), MULTI_QUESTIONS, "{}", e.prompt);
                 assert_eq!(qs.len(), ans.len(), "{} -> {}", e.prompt, e.answer);
+                assert_eq!(e.prompt.len(), e.answer.len() + 1, "{}", e.prompt);
                 for (i, (q, a)) in qs.iter().zip(&ans).enumerate() {
                     let label = format!("{}>", i + 1);
                     let (q, a) = (
                         q.strip_prefix(&label).expect("numbered question"),
                         a.strip_prefix(&label).expect("numbered answer"),
                     );
+                    assert_eq!((q.len(), a.len()), (MULTI_SLOT, MULTI_SLOT), "{q:?} {a:?}");
+                    assert!(!q.ends_with(' ') && !a.starts_with(' '), "{q:?} {a:?}");
+                    let (q, a) = (q.trim_start(), a.trim_end());
                     if let Some(w) = q.strip_prefix("rev:") {
                         assert_eq!(a, w.chars().rev().collect::<String>());
                     } else if let Some(d) = q.strip_prefix("cum:") {
