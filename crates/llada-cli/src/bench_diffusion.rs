@@ -32,9 +32,8 @@ pub struct DiffusionBenchArgs {
     /// Shortest answer counted as long.
     #[arg(long, default_value_t = 48)]
     min_answer: usize,
-    /// Answer length for task models (≥ 128 for the long-answer setting; 160 since
-    /// stop 28 so that five-question answers, 139 characters, fit with their EOS tail; 128
-    /// before, when the long answers were sorts of up to 143).
+    /// Answer length for task models (≥ 128 for the long-answer setting; five-question answers
+    /// are 139 characters and need room for their EOS tail).
     #[arg(long, default_value_t = 160)]
     gen_length: usize,
     /// Answer length for prose models.

@@ -188,12 +188,11 @@ impl TaskGen {
             let (prompt, answer) = if t == "multi" {
                 let mut ps = vec![];
                 let mut ans = vec![];
-                let w = MULTI_SLOT;
                 for i in 1..=MULTI_QUESTIONS {
                     let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
                     let (p, a) = one(&mut self.rng, sub, self.scale, self.lo);
-                    ps.push(format!("{i}>{p:>w$}"));
-                    ans.push(format!("{i}>{a:<w$}"));
+                    ps.push(format!("{i}>{p:>MULTI_SLOT$}"));
+                    ans.push(format!("{i}>{a:<MULTI_SLOT$}"));
                 }
                 (ps.join(";"), ans.join(";"))
             } else {
