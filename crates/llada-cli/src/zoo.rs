@@ -263,7 +263,8 @@ fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
         init_std: 0.08,
     };
     Ok(match name {
-        // The cards' step count (the 55-minute budget ends the run first on 2 cores).
+        // The cards' step count (on 2 cores: ≈ 42 minutes with two shards; one thread beside
+        // another run stops at the 55-minute budget first).
         "tiny-llada-tasks" => (base(Format::LLaDA, 4), 16000),
         "tiny-dream-tasks" => (base(Format::Dream, 2), 16000),
         // Autoregressive control on the same tasks (checks the trainer independently of diffusion).
