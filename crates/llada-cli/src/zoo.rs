@@ -158,6 +158,12 @@ pub struct TrainArgs {
     /// only to the batch's longest answer otherwise].
     #[arg(long)]
     pad_answers: Option<usize>,
+    /// Task models: draw this share of the training batches' tasks in proportion to each
+    /// task's held-out loss (measured before the first step and at every checkpoint), the rest
+    /// uniformly, so that late steps go to the tasks still unsolved rather than to those the
+    /// model already answers; the log shows the per-task losses and draw weights. 0: uniform.
+    #[arg(long, default_value_t = 0.0)]
+    adaptive_mix: f64,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -1128,9 +1134,10 @@ pub fn train(a: TrainArgs) -> Result<()> {
             || a.structured_masks.is_some()
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
+            || a.adaptive_mix != 0.0
         {
             bail!(
-                "--tasks, --structured-masks, --batch-tokens and --pad-answers apply to the task presets \
+                "--tasks, --structured-masks, --batch-tokens, --pad-answers and --adaptive-mix apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -1192,6 +1199,9 @@ pub fn train(a: TrainArgs) -> Result<()> {
         }),
     );
     let pad_answers = a.pad_answers.unwrap_or(if card { 32 } else { 0 });
+    if !(0.0..=1.0).contains(&a.adaptive_mix) {
+        bail!("--adaptive-mix must be in [0, 1]");
+    }
     if !(0.0..=1.0).contains(&structured) || !(0.0..1.0).contains(&ar_warmup) {
         bail!("--structured-masks must be in [0, 1] and --ar-warmup in [0, 1)");
     }
@@ -1218,6 +1228,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         ar_warmup,
         two_stream,
         pad_answers,
+        mix: llada_train::trainer::TaskMix::with_adaptive(a.adaptive_mix),
     };
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);

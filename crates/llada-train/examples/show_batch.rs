@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        mix: Default::default(),
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let b = d.batch(100, 0.5, &spec, false, &mut rng, &candle_core::Device::Cpu)?;

@@ -246,6 +246,65 @@ pub trait DataSource {
     }
     /// Write `tokenizer.json` (and `tokenizer_config.json`) into `dir`.
     fn save_tokenizer(&self, dir: &Path) -> Result<()>;
+    /// Told the loss of each of `heldout_batches` (in its order) before the first step and
+    /// at every checkpoint; a source may adapt what it draws next. Returns a line for the log
+    /// (default: nothing).
+    fn observe_heldout(&mut self, _losses: &[f64]) -> Option<String> {
+        None
+    }
+}
+
+/// How training batches choose their task: uniformly over [`TaskData::tasks`] (the default),
+/// or, with `adaptive` > 0, partly in proportion to each task's current held-out loss, so
+/// that steps go where the model still errs instead of to tasks it has solved.
+///
+/// Invariant: the weights are a function of the last held-out losses only (set before the
+/// first step and at each checkpoint), so a resumed run draws as an uninterrupted one does
+/// from its last checkpoint on.
+#[derive(Debug, Clone, Default)]
+pub struct TaskMix {
+    /// Share of the draws given in proportion to held-out loss, in [0, 1]: task `k` is drawn
+    /// with probability `(1 − a) · n_k / n + a · L_k / Σ L` (`n_k`: times it is listed).
+    pub adaptive: f64,
+    /// The task of each held-out batch, in `heldout_batches`' order.
+    heldout_task: Vec<&'static str>,
+    /// Current draw weights (empty: uniform over `tasks`).
+    weights: Vec<(&'static str, f64)>,
+}
+
+impl TaskMix {
+    /// A mix giving share `adaptive` of the draws in proportion to held-out loss.
+    pub fn with_adaptive(adaptive: f64) -> Self {
+        Self {
+            adaptive,
+            ..Default::default()
+        }
+    }
+    /// Draw weights from the tasks' listing and their mean held-out losses (`adaptive` of
+    /// the mass in proportion to loss; losses ≤ 0 or non-finite count as 0).
+    pub fn weights_for(
+        adaptive: f64,
+        listed: &[&'static str],
+        losses: &[(&'static str, f64)],
+    ) -> Vec<(&'static str, f64)> {
+        let total: f64 = losses
+            .iter()
+            .map(|(_, l)| if l.is_finite() { l.max(0.0) } else { 0.0 })
+            .sum();
+        let n = listed.len().max(1) as f64;
+        losses
+            .iter()
+            .map(|&(t, l)| {
+                let base = listed.iter().filter(|&&x| x == t).count() as f64 / n;
+                let share = if total > 0.0 && l.is_finite() {
+                    l.max(0.0) / total
+                } else {
+                    base
+                };
+                (t, (1.0 - adaptive) * base + adaptive * share)
+            })
+            .collect()
+    }
 }
 
 /// Smallest masking ratio ε of the diffusion objective (`t ~ U(ε, 1)`, weight `1/t`): 0.05 caps
@@ -281,6 +340,8 @@ pub struct TaskData {
     /// `llada eval` decodes ([`crate::objective::layout_padded`]). Held-out batches keep the
     /// unpadded layout.
     pub pad_answers: usize,
+    /// How batches choose their task (uniform unless `mix.adaptive` > 0).
+    pub mix: TaskMix,
 }
 
 impl DataSource for TaskData {
@@ -316,7 +377,21 @@ impl DataSource for TaskData {
             let band = rand::Rng::random_range(&mut *rng, 0..4u32) as f64;
             gen.scale *= (band + 1.0) / 4.0;
             gen.lo = band / (band + 1.0);
-            Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
+            if self.mix.weights.is_empty() {
+                Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
+            } else {
+                let total: f64 = self.mix.weights.iter().map(|w| w.1).sum();
+                let mut r = rand::Rng::random::<f64>(&mut *rng) * total;
+                let mut pick = self.mix.weights[0].0;
+                for &(t, w) in &self.mix.weights {
+                    pick = t;
+                    if r < w {
+                        break;
+                    }
+                    r -= w;
+                }
+                Some(pick)
+            }
         };
         let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
         let ar = !heldout && progress < self.ar_warmup;
@@ -354,6 +429,7 @@ impl DataSource for TaskData {
         tasks.retain(|t| seen.insert(*t));
         let per = (self.batch / 4).max(1);
         let mut out = vec![];
+        self.mix.heldout_task.clear();
         for t in tasks {
             let mut gen = TaskGen::new(self.seed ^ 0xabcdef, true);
             gen.scale = self.max_scale;
@@ -361,6 +437,7 @@ impl DataSource for TaskData {
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
                 out.push(encode(band, spec, false, false, 0.0, 0, rng, dev)?);
+                self.mix.heldout_task.push(t);
             }
         }
         Ok(out)
@@ -381,6 +458,41 @@ impl DataSource for TaskData {
             serde_json::to_string_pretty(&tcfg)?,
         )?;
         Ok(())
+    }
+    /// Logs each task's held-out loss; with `mix.adaptive` > 0, re-weights the tasks' draws.
+    fn observe_heldout(&mut self, losses: &[f64]) -> Option<String> {
+        if losses.len() != self.mix.heldout_task.len() {
+            return None;
+        }
+        let mut per: Vec<(&'static str, f64, usize)> = vec![];
+        for (&t, &l) in self.mix.heldout_task.iter().zip(losses) {
+            match per.iter_mut().find(|p| p.0 == t) {
+                Some(p) => {
+                    p.1 += l;
+                    p.2 += 1;
+                }
+                None => per.push((t, l, 1)),
+            }
+        }
+        let means: Vec<(&'static str, f64)> =
+            per.iter().map(|&(t, s, n)| (t, s / n as f64)).collect();
+        let mut line = String::from("held-out by task:");
+        for (t, l) in &means {
+            line += &format!(" {t} {l:.4}");
+        }
+        if self.mix.adaptive > 0.0 {
+            let listed = if self.tasks.is_empty() {
+                crate::tasks::TASKS.to_vec()
+            } else {
+                self.tasks.clone()
+            };
+            self.mix.weights = TaskMix::weights_for(self.mix.adaptive, &listed, &means);
+            line += " | draws:";
+            for (t, w) in &self.mix.weights {
+                line += &format!(" {t} {w:.2}");
+            }
+        }
+        Some(line)
     }
 }
 
@@ -662,6 +774,7 @@ pub fn train_tasks(
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        mix: TaskMix::default(),
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }
@@ -751,6 +864,18 @@ pub fn train(
         let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0x5eed);
         data.heldout_batches(&model.spec, &mut rng, &dev)?
     };
+    let heldout_losses = |model: &TrainModel| -> Result<Vec<f64>> {
+        heldout
+            .iter()
+            .map(|b| Ok(batch_loss(model, b)?.to_scalar::<f32>()? as f64))
+            .collect()
+    };
+    // The source sees the held-out losses before the first step (a resumed run's weights
+    // are those of its last checkpoint) and at every checkpoint.
+    let log_line = data.observe_heldout(&heldout_losses(&model)?);
+    if let (Some(line), false) = (log_line, quiet) {
+        pb.suspend(|| eprintln!("{line}"));
+    }
     for step in start..opts.steps {
         // Seeded per step: a resumed run draws the same batches as an uninterrupted one.
         let mut rng = rand::rngs::StdRng::seed_from_u64(
@@ -781,11 +906,9 @@ pub fn train(
             .is_some_and(|b| wall0 + t0.elapsed().as_secs_f64() >= b);
         if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps || out_of_time {
             save_with(&model, &*data, out)?;
-            let mut hl = 0.0;
-            for b in &heldout {
-                hl += batch_loss(&model, b)?.to_scalar::<f32>()? as f64;
-            }
-            let hl = hl / heldout.len().max(1) as f64;
+            let losses = heldout_losses(&model)?;
+            let hl = losses.iter().sum::<f64>() / heldout.len().max(1) as f64;
+            let by_task = data.observe_heldout(&losses);
             let st = TrainState {
                 step: step + 1,
                 loss: ema,
@@ -804,6 +927,9 @@ pub fn train(
                     tokens as f64 / (wall0 + el).max(1e-9),
                     wall0 + el
                 );
+                if let Some(line) = by_task {
+                    eprintln!("  {line}");
+                }
             }
         }
         if out_of_time {

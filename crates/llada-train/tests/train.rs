@@ -108,6 +108,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 ar_warmup: 0.0,
                 two_stream: false,
                 pad_answers: 0,
+                mix: Default::default(),
             },
             &dir,
         )
@@ -612,6 +613,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        mix: Default::default(),
     };
     let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
         let t = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
@@ -699,6 +701,7 @@ fn token_budget_trims_long_batches_only() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        mix: Default::default(),
     };
     for step in 0..6 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(step);
@@ -940,4 +943,70 @@ fn data_parallel_gradient_equals_the_whole_batch() {
             }
         }
     }
+}
+
+/// The adaptive task mix: weights follow `(1 − a) · n_k / n + a · L_k / Σ L`, and a source
+/// told its held-out losses draws the tasks in those proportions (here: all of the adaptive
+/// share to the one task with loss, none to the solved one).
+#[test]
+fn adaptive_mix_draws_tasks_by_held_out_loss() {
+    use llada_train::trainer::{DataSource, TaskMix};
+    // Weights from the formula, by hand: add listed once, sort twice; losses 1 and 3.
+    let w = TaskMix::weights_for(
+        0.5,
+        &["add", "sort", "sort"],
+        &[("add", 1.0), ("sort", 3.0)],
+    );
+    let (add, sort) = (w[0].1, w[1].1);
+    assert!((add - (0.5 / 3.0 + 0.5 / 4.0)).abs() < 1e-12, "{add}");
+    assert!(
+        (sort - (0.5 * 2.0 / 3.0 + 0.5 * 3.0 / 4.0)).abs() < 1e-12,
+        "{sort}"
+    );
+    // All losses zero or non-finite: the listing's uniform weights.
+    let w = TaskMix::weights_for(1.0, &["add", "rev"], &[("add", 0.0), ("rev", f64::NAN)]);
+    assert_eq!((w[0].1, w[1].1), (0.5, 0.5));
+
+    let dev = Device::Cpu;
+    let s = spec(Format::LLaDA);
+    let mut data = TaskData {
+        batch: 4,
+        batch_tokens: 0,
+        seed: 5,
+        curriculum: 1.0,
+        tasks: vec!["add", "rev"],
+        max_scale: 0.3,
+        structured: 0.0,
+        ar_warmup: 0.0,
+        two_stream: false,
+        pad_answers: 0,
+        mix: TaskMix::with_adaptive(1.0),
+    };
+    let task_of = |data: &mut TaskData, step: u64| -> String {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step);
+        let b = data
+            .batch(step as usize, 1.0, &s, false, &mut rng, &dev)
+            .unwrap();
+        let row: Vec<u32> = b.ids.get(0).unwrap().to_vec1().unwrap();
+        CharVocab::decode(&row[1..4])
+    };
+    // Before any losses: uniform, both tasks drawn.
+    let seen: std::collections::HashSet<String> = (0..40).map(|i| task_of(&mut data, i)).collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let held = data.heldout_batches(&s, &mut rng, &dev).unwrap();
+    assert_eq!(held.len(), 8, "four length quarters per task");
+    // add solved (loss 0), rev not: every draw is a reversal; the log names both losses.
+    let line = data
+        .observe_heldout(&[0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0, 2.0])
+        .unwrap();
+    assert!(
+        line.contains("add 0.0000") && line.contains("rev 1.5000"),
+        "{line}"
+    );
+    for i in 0..40 {
+        assert_eq!(task_of(&mut data, i), "rev", "step {i}");
+    }
+    // A loss vector of the wrong length is ignored (nothing changes, no panic).
+    assert!(data.observe_heldout(&[1.0]).is_none());
 }
