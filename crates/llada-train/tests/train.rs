@@ -901,6 +901,11 @@ fn data_parallel_gradient_equals_the_whole_batch() {
             diffusion_batch(&ex, MASK, 0.05, true, &mut rng, &dev).unwrap(),
         ),
         (Format::LLaDA, two_stream_batch(&ex, MASK, &dev).unwrap()),
+        // Dream's autoregressive warm-up: shifted layout, causal mask.
+        (
+            Format::Dream,
+            llada_train::objective::shifted_next_token_batch(&ex, &dev).unwrap(),
+        ),
         (
             Format::Llama,
             distill_batch(&set, &soft, 7, &mut rng, &dev).unwrap(),
