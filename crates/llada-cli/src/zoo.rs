@@ -9,7 +9,7 @@ use llada_decode::diffusion::{
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
-use llada_train::tasks::{held_out_subset, Score, TASKS};
+use llada_train::tasks::{held_out_tasks, Score, TASKS};
 use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
@@ -1560,7 +1560,8 @@ pub struct EvalArgs {
     /// Held-out examples per task.
     #[arg(long, default_value_t = 20)]
     per_task: usize,
-    /// Only these tasks (comma-separated; default: all).
+    /// Only these tasks (comma-separated; default: all); each is scored on the same examples as
+    /// in the full split's evaluation.
     #[arg(long, value_delimiter = ',')]
     tasks: Vec<String>,
     /// Scale held-out task lengths down (0 < s ≤ 1), to match `llada train --max-scale`.
@@ -1791,7 +1792,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
-    let split = held_out_subset(a.per_task, &tasks, a.max_scale);
+    let split = held_out_tasks(a.per_task, &tasks, a.max_scale);
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {

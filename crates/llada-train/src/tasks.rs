@@ -229,6 +229,17 @@ pub fn held_out_subset(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Exam
     v
 }
 
+/// The held-out examples of `tasks` *as they appear in the full split* of `n` per task (at
+/// length scale `scale`): `llada eval --tasks rev` scores the same reversals as the rev
+/// column of a full `llada eval`. (`held_out_subset` draws the listed tasks from one
+/// generator in turn, so a task's examples depend on which tasks precede it.)
+pub fn held_out_tasks(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Example> {
+    held_out_subset(n, &TASKS, scale)
+        .into_iter()
+        .filter(|e| tasks.contains(&e.task))
+        .collect()
+}
+
 /// Character-level score of an answer: `(matches, total)`, where `matches` counts the positions
 /// at which `got` has the expected character and `total = max(|expected|, |got|)`, so missing
 /// and extra characters both count as errors. Exact match is the headline metric; this one
@@ -358,6 +369,22 @@ mod tests {
             crate::vocab::CharVocab::encode(&e.prompt);
             crate::vocab::CharVocab::encode(&e.answer);
         }
+    }
+
+    #[test]
+    fn a_task_alone_gets_its_examples_of_the_full_split() {
+        let full = held_out_split(6);
+        for t in TASKS {
+            let alone = held_out_tasks(6, &[t], 1.0);
+            let col: Vec<_> = full.iter().filter(|e| e.task == t).cloned().collect();
+            assert_eq!(alone, col, "{t}");
+            assert_eq!(alone.len(), 6);
+        }
+        // Not what a generator started at the task gives (the reason for the function).
+        assert_ne!(
+            held_out_subset(6, &["rev"], 1.0),
+            held_out_tasks(6, &["rev"], 1.0)
+        );
     }
 
     #[test]
