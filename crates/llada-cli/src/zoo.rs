@@ -1167,13 +1167,6 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if card {
         a.card_budget(&mut opts);
     }
-    eprintln!(
-        "training {} -> {} ({} steps, batch {})",
-        a.preset,
-        out.display(),
-        opts.steps,
-        opts.batch
-    );
     let tasks: Vec<&'static str> = a
         .tasks
         .iter()
@@ -1217,6 +1210,14 @@ pub fn train(a: TrainArgs) -> Result<()> {
              tiny-dream-tasks)"
         );
     }
+    // Announced once every option has been checked (a bad one is an error before this line).
+    eprintln!(
+        "training {} -> {} ({} steps, batch {})",
+        a.preset,
+        out.display(),
+        opts.steps,
+        opts.batch
+    );
     let mut data = llada_train::trainer::TaskData {
         batch: opts.batch,
         batch_tokens: a.batch_tokens.unwrap_or(2048),
