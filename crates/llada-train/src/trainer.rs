@@ -344,6 +344,18 @@ pub struct TaskData {
     pub mix: TaskMix,
 }
 
+impl TaskData {
+    /// The tasks drawn from, as listed (a task listed twice is drawn twice as often; empty
+    /// `tasks` means all of them once).
+    fn listed_tasks(&self) -> Vec<&'static str> {
+        if self.tasks.is_empty() {
+            crate::tasks::TASKS.to_vec()
+        } else {
+            self.tasks.clone()
+        }
+    }
+}
+
 impl DataSource for TaskData {
     fn batch(
         &mut self,
@@ -419,11 +431,7 @@ impl DataSource for TaskData {
         rng: &mut rand::rngs::StdRng,
         dev: &Device,
     ) -> Result<Vec<crate::objective::Batch>> {
-        let mut tasks = if self.tasks.is_empty() {
-            crate::tasks::TASKS.to_vec()
-        } else {
-            self.tasks.clone()
-        };
+        let mut tasks = self.listed_tasks();
         // Weights repeat names; each task's held-out batches are measured once.
         let mut seen = std::collections::HashSet::new();
         tasks.retain(|t| seen.insert(*t));
@@ -481,12 +489,8 @@ impl DataSource for TaskData {
             line += &format!(" {t} {l:.4}");
         }
         if self.mix.adaptive > 0.0 {
-            let listed = if self.tasks.is_empty() {
-                crate::tasks::TASKS.to_vec()
-            } else {
-                self.tasks.clone()
-            };
-            self.mix.weights = TaskMix::weights_for(self.mix.adaptive, &listed, &means);
+            self.mix.weights =
+                TaskMix::weights_for(self.mix.adaptive, &self.listed_tasks(), &means);
             line += " | draws:";
             for (t, w) in &self.mix.weights {
                 line += &format!(" {t} {w:.2}");
