@@ -72,6 +72,12 @@ pub struct TrainArgs {
     /// standard deviation scales as 1/√d_model.
     #[arg(long)]
     d_model: Option<usize>,
+    /// Override the number of attention heads at the (possibly overridden) width: the head
+    /// size becomes d_model / HEADS (even, for RoPE) and the KV heads keep the preset's
+    /// query-heads-per-KV-head ratio. More, smaller heads cost the same projections and give
+    /// more separate attention patterns (e.g. `--heads 8`: head size 16 at d_model 128).
+    #[arg(long)]
+    heads: Option<usize>,
     /// Stop after this many minutes of training (wall time, resumed runs included), saving a
     /// checkpoint; `--resume` continues. With --distill the target's labelling counts against
     /// it (the budget is the whole command's) [default: 55 for tiny-llada-tasks,
@@ -210,6 +216,24 @@ impl TrainArgs {
             spec.n_heads = d / hd;
             spec.n_kv_heads = spec.n_heads / group;
             spec.d_model = d;
+        }
+        if let Some(h) = self.heads {
+            if !self.target_layers.is_empty() {
+                bail!("--heads does not combine with --target-layers (the draft takes the target's shapes)");
+            }
+            let group = spec.n_heads / spec.n_kv_heads.max(1);
+            if h == 0
+                || !spec.d_model.is_multiple_of(h)
+                || !(spec.d_model / h).is_multiple_of(2)
+                || !h.is_multiple_of(group)
+            {
+                bail!(
+                    "--heads must divide d_model {} into heads of an even size (RoPE) and be a multiple of {group} (query heads per KV head)",
+                    spec.d_model
+                );
+            }
+            spec.n_heads = h;
+            spec.n_kv_heads = h / group;
         }
         Ok(())
     }
@@ -1826,12 +1850,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         .iter()
         .map(|(k, s)| (*k, rate(s, Score::char_rate)))
         .collect();
+    let item_tasks: BTreeMap<&str, f64> = scores
+        .iter()
+        .map(|(k, s)| (*k, rate(s, Score::item_rate)))
+        .collect();
     let all = scores.values().fold(Score::default(), |a, s| a.merge(*s));
     let (total, char_total) = (rate(&all, Score::exact_rate), rate(&all, Score::char_rate));
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total})
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks})
         );
     } else {
         println!("task     exact   chars");
@@ -1847,6 +1875,12 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             split.len(),
             a.diffusion.name()
         );
+        if let Some(m) = item_tasks.get("multi") {
+            println!(
+                "multi: {:.1}% of the sub-answers exact (items between `;`, in place)",
+                100.0 * m
+            );
+        }
     }
     Ok(())
 }

@@ -286,6 +286,15 @@ fn bad_input_is_a_clear_error() {
             "--layers must be in",
         ),
         (
+            &["train", "--preset", "tiny-llada-tasks", "--heads", "3"],
+            "--heads must divide d_model 128",
+        ),
+        (
+            // Dream's 2 query heads per KV head: 6 heads of 21.3 would not divide either.
+            &["train", "--preset", "tiny-dream-tasks", "--heads", "1"],
+            "multiple of 2 (query heads per KV head)",
+        ),
+        (
             &["generate", "hi", "--mode", "speculative", "--edc"],
             "--ahasd",
         ),

@@ -261,6 +261,19 @@ pub struct Score {
     pub exact: usize,
     pub chars_in_place: usize,
     pub chars: usize,
+    /// Sub-answers (the `;`-separated items of a multi-question answer; one per answer
+    /// otherwise) and how many of them were exact: separates "every item nearly right" from
+    /// "four of five items right" on the long answers.
+    pub items: usize,
+    pub items_exact: usize,
+}
+
+/// Items of `expected` (split at `;`) that `got` has exactly, at the same index: `(exact, total)`.
+pub fn item_score(expected: &str, got: &str) -> (usize, usize) {
+    let want: Vec<&str> = expected.split(';').collect();
+    let have: Vec<&str> = got.split(';').collect();
+    let exact = want.iter().zip(&have).filter(|(w, h)| w == h).count();
+    (exact, want.len())
 }
 
 impl Score {
@@ -268,6 +281,9 @@ impl Score {
     pub fn add(&mut self, expected: &str, got: &str) -> bool {
         let (m, n) = char_score(expected, got);
         let exact = expected == got;
+        let (ie, it) = item_score(expected, got);
+        self.items += it;
+        self.items_exact += ie;
         self.answers += 1;
         self.exact += usize::from(exact);
         self.chars_in_place += m;
@@ -281,12 +297,19 @@ impl Score {
             exact: self.exact + o.exact,
             chars_in_place: self.chars_in_place + o.chars_in_place,
             chars: self.chars + o.chars,
+            items: self.items + o.items,
+            items_exact: self.items_exact + o.items_exact,
         }
     }
 
     /// Exact-match rate; `None` before any answer.
     pub fn exact_rate(&self) -> Option<f64> {
         (self.answers > 0).then(|| self.exact as f64 / self.answers as f64)
+    }
+
+    /// Rate of exact sub-answers ([`item_score`]); `None` before any answer.
+    pub fn item_rate(&self) -> Option<f64> {
+        (self.items > 0).then(|| self.items_exact as f64 / self.items as f64)
     }
 
     /// Characters-in-place rate; `None` before any answer.
@@ -307,6 +330,19 @@ mod tests {
         assert_eq!(char_score("olleh", "ollehxx"), (5, 7));
         assert_eq!(char_score("12", ""), (0, 2));
         assert_eq!(char_score("", ""), (0, 0));
+    }
+
+    #[test]
+    fn item_score_counts_exact_sub_answers_in_place() {
+        assert_eq!(item_score("1>ab ;2>12 ;3>x  ", "1>ab ;2>13 ;3>x  "), (2, 3));
+        // A lost separator shifts the later items: they no longer count.
+        assert_eq!(item_score("1>ab;2>12;3>x", "1>ab2>12;3>x"), (0, 3));
+        assert_eq!(item_score("olleh", "olleh"), (1, 1));
+        assert_eq!(item_score("olleh", ""), (0, 1));
+        let mut s = Score::default();
+        s.add("1>a;2>b", "1>a;2>c");
+        s.add("olleh", "olleh");
+        assert_eq!((s.items, s.items_exact, s.exact), (3, 2, 1));
     }
 
     #[test]
