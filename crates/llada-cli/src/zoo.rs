@@ -170,6 +170,12 @@ pub struct TrainArgs {
     /// model already answers; the log shows the per-task losses and draw weights. 0: uniform.
     #[arg(long, default_value_t = 0.0)]
     adaptive_mix: f64,
+    /// Task models: the sub-tasks drawn for the items of training multi-question rows
+    /// (comma-separated from add,rev,cumsum; a name listed twice is drawn twice as often, e.g.
+    /// `--multi-tasks add,rev,rev,cumsum`). The held-out split keeps the uniform draw
+    /// [default: add,rev,cumsum].
+    #[arg(long, value_delimiter = ',')]
+    multi_tasks: Vec<String>,
     /// Save a checkpoint every N steps.
     #[arg(long, default_value_t = 200)]
     checkpoint_every: usize,
@@ -1159,9 +1165,10 @@ pub fn train(a: TrainArgs) -> Result<()> {
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
             || a.adaptive_mix != 0.0
+            || !a.multi_tasks.is_empty()
         {
             bail!(
-                "--tasks, --structured-masks, --batch-tokens, --pad-answers and --adaptive-mix apply to the task presets \
+                "--tasks, --structured-masks, --batch-tokens, --pad-answers, --adaptive-mix and --multi-tasks apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -1200,6 +1207,19 @@ pub fn train(a: TrainArgs) -> Result<()> {
                 .copied()
                 .find(|x| x == t)
                 .with_context(|| format!("unknown task '{t}' (add, sort, rev, cumsum, multi)"))
+        })
+        .collect::<Result<_>>()?;
+    let multi_tasks: Vec<&'static str> = a
+        .multi_tasks
+        .iter()
+        .map(|t| {
+            llada_train::tasks::MULTI_SUBTASKS
+                .iter()
+                .copied()
+                .find(|x| x == t)
+                .with_context(|| {
+                    format!("unknown --multi-tasks item '{t}' (a multi-question item is add, rev or cumsum)")
+                })
         })
         .collect::<Result<_>>()?;
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
@@ -1255,6 +1275,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         pad_answers,
         mix: llada_train::trainer::TaskMix::with_adaptive(a.adaptive_mix),
     };
+    data.mix.multi = multi_tasks;
     let st = llada_train::trainer::train(spec, opts, &out, a.resume, false, &mut data)?;
     report(&st);
     Ok(())

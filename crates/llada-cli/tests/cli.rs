@@ -286,6 +286,16 @@ fn bad_input_is_a_clear_error() {
             "--layers must be in",
         ),
         (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--multi-tasks",
+                "rev,sort",
+            ],
+            "unknown --multi-tasks item 'sort'",
+        ),
+        (
             &["train", "--preset", "tiny-llada-tasks", "--heads", "3"],
             "--heads must divide d_model 128",
         ),

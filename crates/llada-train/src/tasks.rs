@@ -54,6 +54,8 @@ pub const ADD_WIDTH: usize = 10;
 pub const CUM_WIDTH: usize = 16;
 /// Most digits in a sort question.
 pub const SORT_MAX: usize = 32;
+/// Sub-tasks of a multi-question prompt's items, drawn uniformly (the held-out split's draw).
+pub const MULTI_SUBTASKS: [&str; 3] = ["add", "rev", "cumsum"];
 /// Questions in a multi-question prompt.
 pub const MULTI_QUESTIONS: usize = 5;
 /// Width of a multi-question slot (question or answer, without its `N>` label): the longest
@@ -168,6 +170,8 @@ pub struct TaskGen {
     /// Training batches use narrow bands so that EOS padding does not dominate the loss.
     pub lo: f64,
     pub tasks: Vec<&'static str>,
+    /// Sub-tasks drawn (uniformly over the list) for each item of a multi-question example.
+    pub multi_tasks: Vec<&'static str>,
 }
 
 impl TaskGen {
@@ -178,6 +182,7 @@ impl TaskGen {
             scale: 1.0,
             lo: 0.0,
             tasks: TASKS.to_vec(),
+            multi_tasks: MULTI_SUBTASKS.to_vec(),
         }
     }
 
@@ -189,7 +194,7 @@ impl TaskGen {
                 let mut ps = vec![];
                 let mut ans = vec![];
                 for i in 1..=MULTI_QUESTIONS {
-                    let sub = ["add", "rev", "cumsum"][self.rng.random_range(0..3)];
+                    let sub = self.multi_tasks[self.rng.random_range(0..self.multi_tasks.len())];
                     let (p, a) = one(&mut self.rng, sub, self.scale, self.lo);
                     ps.push(format!("{i}>{p:>MULTI_SLOT$}"));
                     ans.push(format!("{i}>{a:<MULTI_SLOT$}"));
@@ -330,6 +335,44 @@ mod tests {
         assert_eq!(char_score("olleh", "ollehxx"), (5, 7));
         assert_eq!(char_score("12", ""), (0, 2));
         assert_eq!(char_score("", ""), (0, 0));
+    }
+
+    /// The kind of each item of a multi-question prompt (`add`, `rev`, `cum`).
+    fn item_kinds(prompt: &str) -> Vec<String> {
+        prompt
+            .trim_end_matches('=')
+            .split(';')
+            .map(|q| {
+                q[2..]
+                    .trim_start()
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn multi_items_follow_the_listed_subtasks() {
+        let mut g = TaskGen::new(7, false);
+        g.multi_tasks = vec!["rev"];
+        for _ in 0..20 {
+            let e = g.next(Some("multi"));
+            assert_eq!(
+                item_kinds(&e.prompt),
+                vec!["rev"; MULTI_QUESTIONS],
+                "{}",
+                e.prompt
+            );
+        }
+        // The default draw (the held-out split's) mixes all three.
+        let kinds: std::collections::BTreeSet<String> = held_out_split(10)
+            .iter()
+            .filter(|e| e.task == "multi")
+            .flat_map(|e| item_kinds(&e.prompt))
+            .collect();
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["add", "cum", "rev"]);
     }
 
     #[test]

@@ -270,6 +270,10 @@ pub struct TaskMix {
     heldout_task: Vec<&'static str>,
     /// Current draw weights (empty: uniform over `tasks`).
     weights: Vec<(&'static str, f64)>,
+    /// Training batches only: the sub-tasks drawn for the items of a multi-question row
+    /// (a name listed twice is drawn twice as often; empty: [`crate::tasks::MULTI_SUBTASKS`],
+    /// as the held-out split always uses).
+    pub multi: Vec<&'static str>,
 }
 
 impl TaskMix {
@@ -373,6 +377,9 @@ impl DataSource for TaskData {
         };
         if !self.tasks.is_empty() {
             gen.tasks = self.tasks.clone();
+        }
+        if !heldout && !self.mix.multi.is_empty() {
+            gen.multi_tasks = self.mix.multi.clone();
         }
         gen.scale = if heldout {
             self.max_scale
