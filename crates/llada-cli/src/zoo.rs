@@ -272,6 +272,21 @@ impl TrainArgs {
     }
 }
 
+/// Each of `names` (a command-line list) as the entry of `known` it names; an unknown one is
+/// an error that lists `known` (`what` names the kind, e.g. "task").
+fn known_names(names: &[String], known: &[&'static str], what: &str) -> Result<Vec<&'static str>> {
+    names
+        .iter()
+        .map(|t| {
+            known
+                .iter()
+                .copied()
+                .find(|k| k == t)
+                .with_context(|| format!("unknown {what} '{t}' (one of {})", known.join(", ")))
+        })
+        .collect()
+}
+
 /// Task-model presets (char vocabulary): (spec, default steps).
 fn task_preset(name: &str) -> Result<(ModelSpec, usize)> {
     let base = |format, kv| ModelSpec {
@@ -1198,30 +1213,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if card {
         a.card_budget(&mut opts);
     }
-    let tasks: Vec<&'static str> = a
-        .tasks
-        .iter()
-        .map(|t| {
-            TASKS
-                .iter()
-                .copied()
-                .find(|x| x == t)
-                .with_context(|| format!("unknown task '{t}' (add, sort, rev, cumsum, multi)"))
-        })
-        .collect::<Result<_>>()?;
-    let multi_tasks: Vec<&'static str> = a
-        .multi_tasks
-        .iter()
-        .map(|t| {
-            llada_train::tasks::MULTI_SUBTASKS
-                .iter()
-                .copied()
-                .find(|x| x == t)
-                .with_context(|| {
-                    format!("unknown --multi-tasks item '{t}' (a multi-question item is add, rev or cumsum)")
-                })
-        })
-        .collect::<Result<_>>()?;
+    let tasks = known_names(&a.tasks, &TASKS, "task")?;
+    let multi_tasks = known_names(
+        &a.multi_tasks,
+        &llada_train::tasks::MULTI_SUBTASKS,
+        "--multi-tasks item",
+    )?;
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
@@ -1822,19 +1819,11 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         &a.diffusion.config(a.diffusion.block_length, 0.0, 0)?,
         a.diffusion.sparse_pool,
     )?;
-    let tasks: Vec<&'static str> =
-        if a.tasks.is_empty() {
-            TASKS.to_vec()
-        } else {
-            a.tasks
-                .iter()
-                .map(|t| {
-                    TASKS.iter().copied().find(|k| k == t).with_context(|| {
-                        format!("unknown task '{t}' (one of {})", TASKS.join(", "))
-                    })
-                })
-                .collect::<Result<_>>()?
-        };
+    let tasks = if a.tasks.is_empty() {
+        TASKS.to_vec()
+    } else {
+        known_names(&a.tasks, &TASKS, "task")?
+    };
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
