@@ -9,7 +9,7 @@ use llada_decode::diffusion::{
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
-use llada_train::tasks::{held_out_tasks, Score, TASKS};
+use llada_train::tasks::{held_out_tasks, item_outcomes, Score, MULTI_SUBTASKS, TASKS};
 use llada_train::trainer::TrainOptions;
 use llada_train::vocab::{CharVocab, BOS, EOS, MASK};
 use std::collections::BTreeMap;
@@ -1214,11 +1214,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         a.card_budget(&mut opts);
     }
     let tasks = known_names(&a.tasks, &TASKS, "task")?;
-    let multi_tasks = known_names(
-        &a.multi_tasks,
-        &llada_train::tasks::MULTI_SUBTASKS,
-        "--multi-tasks item",
-    )?;
+    let multi_tasks = known_names(&a.multi_tasks, &MULTI_SUBTASKS, "--multi-tasks item")?;
     if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
         bail!("--max-scale must be in (0, 1]");
     }
@@ -1834,6 +1830,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         indicatif::ProgressBar::new(split.len() as u64)
     };
     let mut scores: BTreeMap<&str, Score> = BTreeMap::new();
+    // Multi-question items by sub-task: (exact, total).
+    let mut sub_items: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut shown = 0;
     for ex in &split {
         let mut prompt = vec![BOS];
@@ -1844,6 +1842,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         let out = lanes.generate(&model, &prompt, &cfg, None)?;
         let got = CharVocab::decode(&out.tokens);
         let exact = scores.entry(ex.task).or_default().add(&ex.answer, &got);
+        for (kind, ok) in item_outcomes(&ex.prompt, &ex.answer, &got) {
+            let t = sub_items.entry(kind).or_insert((0, 0));
+            *t = (t.0 + usize::from(ok), t.1 + 1);
+        }
         if !exact && shown < a.show {
             shown += 1;
             pb.suspend(|| eprintln!("{} → {got:?} (expected {:?})", ex.prompt, ex.answer));
@@ -1864,12 +1866,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         .iter()
         .map(|(k, s)| (*k, rate(s, Score::item_rate)))
         .collect();
+    let multi_items: BTreeMap<&str, serde_json::Value> = sub_items
+        .iter()
+        .map(|(k, (ok, n))| (*k, serde_json::json!({"exact": ok, "total": n})))
+        .collect();
     let all = scores.values().fold(Score::default(), |a, s| a.merge(*s));
     let (total, char_total) = (rate(&all, Score::exact_rate), rate(&all, Score::char_rate));
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks})
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks, "multi_items": multi_items})
         );
     } else {
         println!("task     exact   chars");
@@ -1886,9 +1892,14 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             a.diffusion.name()
         );
         if let Some(m) = item_tasks.get("multi") {
+            let by_task: Vec<String> = MULTI_SUBTASKS
+                .iter()
+                .filter_map(|k| sub_items.get(k).map(|(ok, n)| format!("{k} {ok}/{n}")))
+                .collect();
             println!(
-                "multi: {:.1}% of the sub-answers exact (items between `;`, in place)",
-                100.0 * m
+                "multi: {:.1}% of the sub-answers exact (items between `;`, in place): {}",
+                100.0 * m,
+                by_task.join(", ")
             );
         }
     }

@@ -521,3 +521,34 @@ fn shipped_weights_fit_the_zoo_limit() {
     assert!(files >= 5, "{files} weights files under models/");
     assert!(total <= 40_000_000, "shipped weights: {total} bytes");
 }
+
+/// `llada eval --json` on the shipped task model: every listed task is scored, and the
+/// five-question items are tallied by sub-task — five per row, summing to the overall
+/// sub-answer rate (`item_tasks.multi`).
+#[test]
+fn eval_reports_multi_items_by_subtask() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("models/tiny-llada-tasks");
+    let j = run_json(&[
+        "eval",
+        "-m",
+        model.to_str().unwrap(),
+        "--tasks",
+        "rev,multi",
+        "--per-task",
+        "1",
+        "--json",
+    ]);
+    for t in ["rev", "multi"] {
+        assert!(j["tasks"][t].as_f64().is_some(), "{t} missing in {j}");
+    }
+    let items = j["multi_items"].as_object().expect("multi_items");
+    assert!(items
+        .keys()
+        .all(|k| ["add", "rev", "cumsum"].contains(&k.as_str())));
+    let count = |f: &str| -> u64 { items.values().map(|v| v[f].as_u64().unwrap()).sum() };
+    // Five items for the one multi row; the single reversal is not an item.
+    assert_eq!(count("total"), 5, "five items per multi row: {j}");
+    let rate = j["item_tasks"]["multi"].as_f64().unwrap();
+    assert!((rate - count("exact") as f64 / 5.0).abs() < 1e-9, "{j}");
+}

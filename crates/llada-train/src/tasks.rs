@@ -281,6 +281,41 @@ pub fn item_score(expected: &str, got: &str) -> (usize, usize) {
     (exact, want.len())
 }
 
+/// The sub-task ([`MULTI_SUBTASKS`]'s name) of each item of a multi-question prompt, in order:
+/// `1>␣␣add:…;2>␣␣rev:ab=` → `[Some("add"), Some("rev")]`; `None` for an item of another form
+/// (a single question such as `rev:ab=` has no numbered items: `[None]`).
+pub fn item_tasks(prompt: &str) -> Vec<Option<&'static str>> {
+    prompt
+        .trim_end_matches('=')
+        .split(';')
+        .map(|q| {
+            let (label, body) = q.split_once('>')?;
+            if label.is_empty() || !label.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            match body.trim_start().split(':').next() {
+                Some("add") => Some("add"),
+                Some("rev") => Some("rev"),
+                Some("cum") => Some("cumsum"),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Each item of a multi-question answer with its sub-task ([`item_tasks`]) and whether `got`
+/// has it exactly in place ([`item_score`]'s comparison): what `llada eval` tallies per
+/// sub-task, to tell which kind of question the long answers fail on.
+pub fn item_outcomes(prompt: &str, expected: &str, got: &str) -> Vec<(&'static str, bool)> {
+    let have: Vec<&str> = got.split(';').collect();
+    item_tasks(prompt)
+        .into_iter()
+        .zip(expected.split(';'))
+        .enumerate()
+        .filter_map(|(i, (kind, want))| kind.map(|k| (k, have.get(i) == Some(&want))))
+        .collect()
+}
+
 impl Score {
     /// Count one answer; returns whether it was exact.
     pub fn add(&mut self, expected: &str, got: &str) -> bool {
@@ -337,22 +372,6 @@ mod tests {
         assert_eq!(char_score("", ""), (0, 0));
     }
 
-    /// The kind of each item of a multi-question prompt (`add`, `rev`, `cum`).
-    fn item_kinds(prompt: &str) -> Vec<String> {
-        prompt
-            .trim_end_matches('=')
-            .split(';')
-            .map(|q| {
-                q[2..]
-                    .trim_start()
-                    .split(':')
-                    .next()
-                    .unwrap_or("")
-                    .to_string()
-            })
-            .collect()
-    }
-
     #[test]
     fn multi_items_follow_the_listed_subtasks() {
         let mut g = TaskGen::new(7, false);
@@ -360,19 +379,22 @@ mod tests {
         for _ in 0..20 {
             let e = g.next(Some("multi"));
             assert_eq!(
-                item_kinds(&e.prompt),
-                vec!["rev"; MULTI_QUESTIONS],
+                item_tasks(&e.prompt),
+                vec![Some("rev"); MULTI_QUESTIONS],
                 "{}",
                 e.prompt
             );
         }
         // The default draw (the held-out split's) mixes all three.
-        let kinds: std::collections::BTreeSet<String> = held_out_split(10)
+        let kinds: std::collections::BTreeSet<Option<&str>> = held_out_split(10)
             .iter()
             .filter(|e| e.task == "multi")
-            .flat_map(|e| item_kinds(&e.prompt))
+            .flat_map(|e| item_tasks(&e.prompt))
             .collect();
-        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["add", "cum", "rev"]);
+        assert_eq!(
+            kinds.into_iter().collect::<Vec<_>>(),
+            [Some("add"), Some("cumsum"), Some("rev")]
+        );
     }
 
     #[test]
@@ -382,6 +404,19 @@ mod tests {
         assert_eq!(item_score("1>ab;2>12;3>x", "1>ab2>12;3>x"), (0, 3));
         assert_eq!(item_score("olleh", "olleh"), (1, 1));
         assert_eq!(item_score("olleh", ""), (0, 1));
+        // Per sub-task: the kinds come from the prompt, the outcomes from the same comparison.
+        let prompt = "1>  add:01+02;2>   rev:ab;3>cum:0012=";
+        assert_eq!(
+            item_outcomes(prompt, "1>003;2>ba ;3>0013", "1>003;2>ab ;3>0013"),
+            [("add", true), ("rev", false), ("cumsum", true)]
+        );
+        assert_eq!(
+            item_outcomes(prompt, "1>003;2>ba ;3>0013", "1>003"),
+            [("add", true), ("rev", false), ("cumsum", false)]
+        );
+        assert_eq!(item_tasks("sort:3 1="), [None]);
+        assert_eq!(item_tasks("rev:ab="), [None]);
+        assert!(item_outcomes("rev:ab=", "ba", "ba").is_empty());
         let mut s = Score::default();
         s.add("1>a;2>b", "1>a;2>c");
         s.add("olleh", "olleh");
