@@ -273,12 +273,18 @@ pub struct Score {
     pub items_exact: usize,
 }
 
+/// For each item of `expected` (split at `;`), whether `got` has it exactly at the same index:
+/// the one in-place comparison behind [`item_score`] and [`item_outcomes`].
+fn item_matches<'a>(expected: &'a str, got: &'a str) -> impl Iterator<Item = bool> + 'a {
+    let mut have = got.split(';');
+    expected
+        .split(';')
+        .map(move |want| have.next() == Some(want))
+}
+
 /// Items of `expected` (split at `;`) that `got` has exactly, at the same index: `(exact, total)`.
 pub fn item_score(expected: &str, got: &str) -> (usize, usize) {
-    let want: Vec<&str> = expected.split(';').collect();
-    let have: Vec<&str> = got.split(';').collect();
-    let exact = want.iter().zip(&have).filter(|(w, h)| w == h).count();
-    (exact, want.len())
+    item_matches(expected, got).fold((0, 0), |(e, t), ok| (e + usize::from(ok), t + 1))
 }
 
 /// The sub-task ([`MULTI_SUBTASKS`]'s name) of each item of a multi-question prompt, in order:
@@ -307,12 +313,10 @@ pub fn item_tasks(prompt: &str) -> Vec<Option<&'static str>> {
 /// has it exactly in place ([`item_score`]'s comparison): what `llada eval` tallies per
 /// sub-task, to tell which kind of question the long answers fail on.
 pub fn item_outcomes(prompt: &str, expected: &str, got: &str) -> Vec<(&'static str, bool)> {
-    let have: Vec<&str> = got.split(';').collect();
     item_tasks(prompt)
         .into_iter()
-        .zip(expected.split(';'))
-        .enumerate()
-        .filter_map(|(i, (kind, want))| kind.map(|k| (k, have.get(i) == Some(&want))))
+        .zip(item_matches(expected, got))
+        .filter_map(|(kind, ok)| kind.map(|k| (k, ok)))
         .collect()
 }
 
