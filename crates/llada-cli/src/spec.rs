@@ -351,11 +351,13 @@ struct SpecRun {
     /// Weight bytes read from storage per generated token.
     bytes_per_token: f64,
     peak_rss_bytes: Option<u64>,
-    /// Peak weight memory (resident + staged) during this configuration, counted exactly:
-    /// the target's and the draft's.
+    /// Peak weight memory (resident + staged) during this configuration's runs, counted
+    /// exactly: the target's and every loaded draft model's (the drafters of a budget stay
+    /// loaded while their runs are interleaved).
     weights_peak_bytes: u64,
-    /// The draft model's packed weights (resident for the whole configuration; 0 without a
-    /// draft model): the budget bounds the target's weights, `weights_peak_bytes` minus these.
+    /// This run's draft model's packed weights (0 without a draft model); the budget bounds
+    /// the target's weights, `weights_peak_bytes` minus all loaded drafts' (the report's
+    /// `memory[].draft_weight_bytes`).
     draft_weight_bytes: u64,
     accepted_len: f64,
     tree_nodes_per_pass: f64,
@@ -372,6 +374,135 @@ struct SpecRun {
     /// pre-verification fit the verifier's predicted time left.
     preverified: usize,
     tvc_skips: usize,
+}
+
+/// How a bench cell decodes: a tree shape verified in lock-step (optionally with early exit),
+/// or the AHASD pipeline.
+enum CellMode {
+    Tree {
+        shape: TreeShape,
+        exit: Option<ExitProbe>,
+    },
+    Ahasd {
+        edc: bool,
+        tvc: bool,
+        synchronous: bool,
+    },
+}
+
+/// One configuration of one drafter under one budget, and what its runs have added up.
+struct Cell {
+    name: &'static str,
+    /// Index into the budget's loaded drafters.
+    draft: usize,
+    mode: CellMode,
+    tally: Tally,
+}
+
+impl Cell {
+    fn new(name: &'static str, draft: usize, mode: CellMode) -> Self {
+        Self {
+            name,
+            draft,
+            mode,
+            tally: Tally::default(),
+        }
+    }
+}
+
+/// Sums over a configuration's generations (one per prompt).
+#[derive(Default, Clone)]
+struct Tally {
+    /// Decoding seconds (prefill excluded).
+    secs: f64,
+    tokens: usize,
+    accepted: usize,
+    passes: usize,
+    nodes: usize,
+    same: usize,
+    rows_saved: usize,
+    rows_total: usize,
+    draft_busy: f64,
+    verify_busy: f64,
+    preverified: usize,
+    tvc_skips: usize,
+    /// Weight bytes streamed from storage.
+    bytes: u64,
+    peak_rss: Option<u64>,
+    weights_peak: u64,
+}
+
+impl Tally {
+    /// Fold in the peaks since the last [`reset_peak_rss`].
+    fn note_peaks(&mut self) {
+        self.peak_rss = self.peak_rss.max(llada_model::store::peak_rss_bytes());
+        self.weights_peak = self.weights_peak.max(llada_kernels::weight_memory::peak());
+    }
+
+    fn rate(&self) -> f64 {
+        self.tokens as f64 / self.secs
+    }
+
+    fn add(&mut self, o: &Tally) {
+        self.secs += o.secs;
+        self.tokens += o.tokens;
+        self.accepted += o.accepted;
+        self.passes += o.passes;
+        self.nodes += o.nodes;
+        self.same += o.same;
+        self.rows_saved += o.rows_saved;
+        self.rows_total += o.rows_total;
+        self.draft_busy += o.draft_busy;
+        self.verify_busy += o.verify_busy;
+        self.preverified += o.preverified;
+        self.tvc_skips += o.tvc_skips;
+        self.bytes += o.bytes;
+        self.peak_rss = self.peak_rss.max(o.peak_rss);
+        self.weights_peak = self.weights_peak.max(o.weights_peak);
+    }
+
+    fn run(
+        &self,
+        config: &str,
+        draft: &str,
+        budget: &str,
+        prompts: usize,
+        draft_w: u64,
+    ) -> SpecRun {
+        let per_pass = |x: usize| x as f64 / self.passes.max(1) as f64;
+        SpecRun {
+            config: config.into(),
+            draft: draft.into(),
+            budget: budget.into(),
+            tokens_per_s: self.rate(),
+            bytes_per_token: self.bytes as f64 / self.tokens.max(1) as f64,
+            peak_rss_bytes: self.peak_rss,
+            weights_peak_bytes: self.weights_peak,
+            draft_weight_bytes: draft_w,
+            accepted_len: per_pass(self.accepted),
+            tree_nodes_per_pass: per_pass(self.nodes),
+            verify_passes: self.passes,
+            identical: self.same,
+            prompts,
+            compute_saved: self.rows_saved as f64 / self.rows_total.max(1) as f64,
+            draft_util: self.draft_busy / self.secs,
+            verify_util: self.verify_busy / self.secs,
+            preverified: self.preverified,
+            tvc_skips: self.tvc_skips,
+        }
+    }
+}
+
+/// The order in which prompt `i` (of `prompts`) runs the `cells`: all of them, starting at
+/// `i · cells / prompts` and wrapping, so that over the prompts each cell's starting offsets
+/// spread evenly over the round instead of one cell always running first.
+fn cell_order(i: usize, cells: usize, prompts: usize) -> impl Iterator<Item = usize> {
+    let start = if cells == 0 {
+        0
+    } else {
+        (i % prompts.max(1)) * cells / prompts.max(1)
+    };
+    (0..cells).map(move |j| (start + j) % cells)
 }
 
 /// Bench prompts, alternating prose continuations (raw text, no template: held-out-style
@@ -526,51 +657,14 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             stop_at_eos: false,
             ..Default::default()
         };
-        // The AR baseline, run before the configurations and again after them: this machine's
-        // speed (and a streamed pass's storage rate) drifts within minutes, and the AR row is
-        // the pooled rate of both runs, so a ratio against it does not hang on one moment.
-        // Its tokens (first run) are the lossless reference; the second run must match them.
-        let run_ar = |reference: &mut Vec<Vec<u32>>| -> Result<(f64, usize, usize, u64)> {
-            let (mut secs, mut tokens, mut same) = (0.0, 0, 0);
-            let b0 = streamed(&target);
-            for (i, p) in prompts.iter().enumerate() {
-                let o = generate(&target, &lane, p, &gcfg, |_| true)?;
-                secs += o.decode_s;
-                tokens += o.tokens.len();
-                if reference.len() <= i {
-                    reference.push(o.tokens.clone());
-                }
-                same += usize::from(o.tokens == reference[i]);
-            }
-            Ok((secs, tokens, same, streamed(&target) - b0))
-        };
-        pb.set_message(format!("{budget}: ar"));
-        reset_peak_rss();
-        let ar_first = run_ar(&mut reference)?;
-        let ar_rss = llada_model::store::peak_rss_bytes();
-        let ar_weights = llada_kernels::weight_memory::peak();
-        pb.inc(1);
-        let ar_index = runs.len();
-        runs.push(SpecRun {
-            config: "ar".into(),
-            draft: "-".into(),
-            budget: budget.clone(),
-            tokens_per_s: ar_first.1 as f64 / ar_first.0,
-            bytes_per_token: ar_first.3 as f64 / ar_first.1.max(1) as f64,
-            peak_rss_bytes: ar_rss,
-            weights_peak_bytes: ar_weights,
-            draft_weight_bytes: 0,
-            accepted_len: 0.0,
-            tree_nodes_per_pass: 0.0,
-            verify_passes: ar_first.1,
-            identical: ar_first.2,
-            prompts: prompts.len(),
-            compute_saved: 0.0,
-            draft_util: 0.0,
-            verify_util: 1.0,
-            preverified: 0,
-            tvc_skips: 0,
-        });
+        // Every configuration of every drafter is a cell. The prompts are the outer loop: each
+        // prompt runs AR, then every cell (in an order rotated from prompt to prompt, see
+        // [`cell_order`]), then AR again. This machine's speed (and a streamed pass's storage
+        // rate) drifts within minutes; interleaved, every cell meets the same moments, so the
+        // ratios between configurations and between drafters do not hang on their place in
+        // the run (run one after the other, the drafter listed first was the faster in three
+        // runs out of three at stop 35). AR's first runs give the lossless reference.
+        let mut sources: Vec<(String, DraftSource, u64, Option<ExitProbe>)> = vec![];
         for draft in &a.drafts {
             let live_before = llada_kernels::weight_memory::live();
             let src = match DraftSource::load(draft, &target, dq) {
@@ -584,14 +678,20 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             };
             let draft_w = llada_kernels::weight_memory::live().saturating_sub(live_before);
             let probe = DraftSource::probe(draft)?.filter(|p| p.layer + 1 < target.config.n_layers);
-            let dlane = Lane::new("draft", 1)?;
-            let sparse = Lane::new("sparse", 1)?;
-            let lever = TreeShape::CostAware {
-                max_nodes: 24,
-                max_depth: 8,
-                top_k: 3,
-            };
-            let mut configs = vec![
+            sources.push((draft.clone(), src, draft_w, probe));
+        }
+        // Every loaded draft model stays resident through every run of this budget.
+        let drafts_w: u64 = sources.iter().map(|s| s.2).sum();
+        let dlane = Lane::new("draft", 1)?;
+        let sparse = Lane::new("sparse", 1)?;
+        let lever = TreeShape::CostAware {
+            max_nodes: 24,
+            max_depth: 8,
+            top_k: 3,
+        };
+        let mut cells: Vec<Cell> = vec![];
+        for (d, (_, _, _, probe)) in sources.iter().enumerate() {
+            let mut trees = vec![
                 ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }, None),
                 (
                     "topk-tree",
@@ -603,65 +703,10 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 ("lever-tree", lever.clone(), None),
             ];
             if probe.is_some() {
-                configs.push(("lever-tree+early-exit", lever, probe));
+                trees.push(("lever-tree+early-exit", lever.clone(), probe.clone()));
             }
-            for (name, shape, exit) in configs {
-                pb.set_message(format!("{budget}: {name} ({draft})"));
-                reset_peak_rss();
-                let (mut s, mut toks, mut acc, mut passes, mut nodes, mut same) =
-                    (0.0, 0, 0, 0, 0, 0);
-                let (mut saved, mut total_rows) = (0usize, 0usize);
-                let (mut busy_d, mut busy_v) = (0.0, 0.0);
-                let b0 = streamed(&target);
-                for (p, want) in prompts.iter().zip(&reference) {
-                    let mut d = src.drafter(&target, &dlane, 0.0)?;
-                    let o = spec_generate(
-                        &target,
-                        &lane,
-                        Some(&sparse),
-                        d.as_mut(),
-                        p,
-                        &SpecConfig {
-                            max_tokens: a.max_tokens,
-                            sampling: SamplingParams::default(),
-                            shape: shape.clone(),
-                            stop_ids: vec![],
-                            exit: exit.clone(),
-                            probe_log: None,
-                        },
-                    )?;
-                    saved += o.layer_rows_saved;
-                    total_rows += o.layer_rows_total;
-                    busy_d += o.draft_s;
-                    busy_v += o.verify_s;
-                    s += o.total_s - o.prefill_s;
-                    toks += o.tokens.len();
-                    acc += o.accepted;
-                    passes += o.verify_passes;
-                    nodes += o.tree_nodes;
-                    same += usize::from(&o.tokens == want);
-                }
-                pb.inc(1);
-                runs.push(SpecRun {
-                    config: name.into(),
-                    draft: draft.clone(),
-                    budget: budget.clone(),
-                    tokens_per_s: toks as f64 / s,
-                    bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
-                    peak_rss_bytes: llada_model::store::peak_rss_bytes(),
-                    weights_peak_bytes: llada_kernels::weight_memory::peak(),
-                    draft_weight_bytes: draft_w,
-                    accepted_len: acc as f64 / passes.max(1) as f64,
-                    tree_nodes_per_pass: nodes as f64 / passes.max(1) as f64,
-                    verify_passes: passes,
-                    identical: same,
-                    prompts: prompts.len(),
-                    compute_saved: saved as f64 / total_rows.max(1) as f64,
-                    draft_util: busy_d / s,
-                    verify_util: busy_v / s,
-                    preverified: 0,
-                    tvc_skips: 0,
-                });
+            for (name, shape, exit) in trees {
+                cells.push(Cell::new(name, d, CellMode::Tree { shape, exit }));
             }
             // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
             for (name, edc, tvc, synchronous) in [
@@ -670,87 +715,154 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 ("ahasd-async+edc", true, false, false),
                 ("ahasd-async+edc+tvc", true, true, false),
             ] {
-                pb.set_message(format!("{budget}: {name} ({draft})"));
-                reset_peak_rss();
-                let (mut s, mut toks, mut acc, mut passes, mut same) = (0.0, 0, 0, 0, 0);
-                let (mut busy_d, mut busy_v, mut pre, mut skips) = (0.0, 0.0, 0, 0);
-                let b0 = streamed(&target);
-                for (p, want) in prompts.iter().zip(&reference) {
-                    let mut d = src.drafter(&target, &dlane, 0.0)?;
-                    let o = llada_decode::speculative::ahasd::generate(
-                        &target,
-                        &lane,
-                        &dlane,
-                        d.as_mut(),
-                        p,
-                        &llada_decode::speculative::ahasd::AsyncConfig {
-                            max_tokens: a.max_tokens,
-                            batch: 4,
-                            max_verify: 16,
-                            edc,
-                            tvc,
-                            synchronous,
-                            stop_ids: vec![],
-                        },
-                    )?;
-                    s += o.total_s - o.prefill_s;
-                    busy_d += o.draft_busy_s;
-                    busy_v += o.verify_busy_s;
-                    pre += o.preverified;
-                    skips += o.tvc_skips;
-                    toks += o.tokens.len();
-                    acc += o.accepted;
-                    passes += o.verify_passes;
-                    same += usize::from(&o.tokens == want);
-                }
-                pb.inc(1);
-                runs.push(SpecRun {
-                    config: name.into(),
-                    draft: draft.clone(),
-                    budget: budget.clone(),
-                    tokens_per_s: toks as f64 / s,
-                    bytes_per_token: (streamed(&target) - b0) as f64 / toks.max(1) as f64,
-                    peak_rss_bytes: llada_model::store::peak_rss_bytes(),
-                    weights_peak_bytes: llada_kernels::weight_memory::peak(),
-                    draft_weight_bytes: draft_w,
-                    accepted_len: acc as f64 / passes.max(1) as f64,
-                    tree_nodes_per_pass: 0.0,
-                    verify_passes: passes,
-                    identical: same,
-                    prompts: prompts.len(),
-                    compute_saved: 0.0,
-                    draft_util: busy_d / s,
-                    verify_util: busy_v / s,
-                    preverified: pre,
-                    tvc_skips: skips,
-                });
+                cells.push(Cell::new(
+                    name,
+                    d,
+                    CellMode::Ahasd {
+                        edc,
+                        tvc,
+                        synchronous,
+                    },
+                ));
             }
         }
-        pb.set_message(format!("{budget}: ar (again)"));
-        let ar_last = run_ar(&mut reference)?;
-        pb.inc(1);
+        pb.set_length((a.budgets.len() * prompts.len() * (2 + cells.len())) as u64);
+        // One AR generation of prompt `i` into `t`; the first one of a prompt is its reference.
+        let ar_once = |i: usize, reference: &mut Vec<Vec<u32>>, t: &mut Tally| -> Result<()> {
+            reset_peak_rss();
+            let b0 = streamed(&target);
+            let o = generate(&target, &lane, &prompts[i], &gcfg, |_| true)?;
+            if reference.len() <= i {
+                reference.push(o.tokens.clone());
+            }
+            t.secs += o.decode_s;
+            t.tokens += o.tokens.len();
+            t.passes += o.tokens.len();
+            t.same += usize::from(o.tokens == reference[i]);
+            t.bytes += streamed(&target) - b0;
+            t.note_peaks();
+            Ok(())
+        };
+        let (mut ar_first, mut ar_last) = (Tally::default(), Tally::default());
+        for i in 0..prompts.len() {
+            let p = &prompts[i];
+            pb.set_message(format!("{budget}: prompt {}: ar", i + 1));
+            ar_once(i, &mut reference, &mut ar_first)?;
+            pb.inc(1);
+            for c in cell_order(i, cells.len(), prompts.len()) {
+                let cell = &mut cells[c];
+                let (draft, src, _, _) = &sources[cell.draft];
+                pb.set_message(format!(
+                    "{budget}: prompt {}: {} ({draft})",
+                    i + 1,
+                    cell.name
+                ));
+                reset_peak_rss();
+                let b0 = streamed(&target);
+                let mut d = src.drafter(&target, &dlane, 0.0)?;
+                let t = &mut cell.tally;
+                let tokens = match &cell.mode {
+                    CellMode::Tree { shape, exit } => {
+                        let o = spec_generate(
+                            &target,
+                            &lane,
+                            Some(&sparse),
+                            d.as_mut(),
+                            p,
+                            &SpecConfig {
+                                max_tokens: a.max_tokens,
+                                sampling: SamplingParams::default(),
+                                shape: shape.clone(),
+                                stop_ids: vec![],
+                                exit: exit.clone(),
+                                probe_log: None,
+                            },
+                        )?;
+                        t.rows_saved += o.layer_rows_saved;
+                        t.rows_total += o.layer_rows_total;
+                        t.draft_busy += o.draft_s;
+                        t.verify_busy += o.verify_s;
+                        t.secs += o.total_s - o.prefill_s;
+                        t.accepted += o.accepted;
+                        t.passes += o.verify_passes;
+                        t.nodes += o.tree_nodes;
+                        o.tokens
+                    }
+                    CellMode::Ahasd {
+                        edc,
+                        tvc,
+                        synchronous,
+                    } => {
+                        let o = llada_decode::speculative::ahasd::generate(
+                            &target,
+                            &lane,
+                            &dlane,
+                            d.as_mut(),
+                            p,
+                            &llada_decode::speculative::ahasd::AsyncConfig {
+                                max_tokens: a.max_tokens,
+                                batch: 4,
+                                max_verify: 16,
+                                edc: *edc,
+                                tvc: *tvc,
+                                synchronous: *synchronous,
+                                stop_ids: vec![],
+                            },
+                        )?;
+                        t.secs += o.total_s - o.prefill_s;
+                        t.draft_busy += o.draft_busy_s;
+                        t.verify_busy += o.verify_busy_s;
+                        t.preverified += o.preverified;
+                        t.tvc_skips += o.tvc_skips;
+                        t.accepted += o.accepted;
+                        t.passes += o.verify_passes;
+                        o.tokens
+                    }
+                };
+                drop(d);
+                t.tokens += tokens.len();
+                t.same += usize::from(tokens == reference[i]);
+                t.bytes += streamed(&target) - b0;
+                t.note_peaks();
+                pb.inc(1);
+            }
+            pb.set_message(format!("{budget}: prompt {}: ar (again)", i + 1));
+            ar_once(i, &mut reference, &mut ar_last)?;
+            pb.inc(1);
+        }
+        // The AR row pools both passes over the prompts.
+        let mut ar = ar_first.clone();
+        ar.add(&ar_last);
+        runs.push(ar.run("ar", "-", budget, prompts.len(), 0));
         {
-            let r = &mut runs[ar_index];
-            r.tokens_per_s = (ar_first.1 + ar_last.1) as f64 / (ar_first.0 + ar_last.0);
-            r.identical = ar_first.2.min(ar_last.2);
+            let r = runs.last_mut().context("no AR run")?;
+            r.identical = ar_first.same.min(ar_last.same);
+            r.verify_util = 1.0;
+        }
+        for cell in &cells {
+            let (draft, _, draft_w, _) = &sources[cell.draft];
+            runs.push(
+                cell.tally
+                    .run(cell.name, draft, budget, prompts.len(), *draft_w),
+            );
         }
         ar_drift.push(serde_json::json!({
             "budget": budget,
-            "first_tokens_per_s": ar_first.1 as f64 / ar_first.0,
-            "last_tokens_per_s": ar_last.1 as f64 / ar_last.0,
-            "last_identical": ar_last.2,
+            "first_tokens_per_s": ar_first.rate(),
+            "last_tokens_per_s": ar_last.rate(),
+            "last_identical": ar_last.same,
         }));
         // Weight memory is counted exactly (every packed weight and staging read buffer); RSS
         // also holds the tokenizer, KV caches, logits, drafts and the allocator's slack.
         // Loading, then each configuration (TVC pre-verifies with the target on the draft
         // lane: a second streamed pass, so twice the staging while both run). The budget is
-        // the target's: a draft model's weights (resident, outside the budget, each run's
-        // `draft_weight_bytes`) are left out of the bound.
+        // the target's: the draft models' weights (resident, outside the budget, all of them
+        // loaded through every run of the budget: `drafts_w`) are left out of the bound.
         let peak_of = |with_tvc: bool| {
             runs[runs_before..]
                 .iter()
                 .filter(|r| with_tvc || !r.config.contains("tvc"))
-                .map(|r| r.weights_peak_bytes.saturating_sub(r.draft_weight_bytes))
+                .map(|r| r.weights_peak_bytes.saturating_sub(drafts_w))
                 .chain([load_weights_peak])
                 .max()
                 .unwrap_or(0)
@@ -763,6 +875,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             "rss_before_load_bytes": rss_before,
             "resident_weight_bytes": resident_w,
             "staging_bytes": staging_w,
+            "draft_weight_bytes": drafts_w,
             "weights_peak_bytes": weights_peak,
             "weights_peak_without_tvc_bytes": peak_without_tvc,
             "weights_within_budget_plus_staging_10pct": bound.map(|b| peak_without_tvc as f64 <= 1.1 * b as f64),
@@ -868,7 +981,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             mb(&m["rss_before_load_bytes"]),
         ));
     }
-    md.push_str("\nThe AR row pools two runs, before and after the configurations:");
+    md.push_str("\nPrompts are the outer loop: each runs AR, every configuration (in an order rotated from prompt to prompt), then AR again; the AR row pools both AR passes:");
     for d in &ar_drift {
         md.push_str(&format!(
             " {} {:.1} then {:.1} tok/s;",
@@ -1217,4 +1330,43 @@ pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cell_order;
+
+    #[test]
+    fn every_prompt_runs_every_cell_once_from_spread_starts() {
+        for (cells, prompts) in [(15, 4), (8, 8), (3, 6), (1, 2), (0, 3)] {
+            let mut firsts = vec![];
+            for i in 0..prompts {
+                let order: Vec<usize> = cell_order(i, cells, prompts).collect();
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    (0..cells).collect::<Vec<_>>(),
+                    "{cells} cells, prompt {i}"
+                );
+                firsts.extend(order.first().copied());
+            }
+            firsts.sort_unstable();
+            firsts.dedup();
+            assert_eq!(
+                firsts.len(),
+                prompts.min(cells),
+                "{cells} cells, {prompts} prompts"
+            );
+        }
+        // As many prompts as cells: every cell runs once at every place of the round.
+        let n = 7;
+        for c in 0..n {
+            let mut places: Vec<usize> = (0..n)
+                .filter_map(|i| cell_order(i, n, n).position(|x| x == c))
+                .collect();
+            places.sort_unstable();
+            assert_eq!(places, (0..n).collect::<Vec<_>>(), "cell {c}");
+        }
+    }
 }

@@ -102,6 +102,11 @@ pub struct TrainArgs {
     /// --distill-soft, its top K come from the same logits); a generated one a greedy decode.
     #[arg(long, default_value = "corpus", value_parser = ["corpus", "generated", "mixed"])]
     distill_source: String,
+    /// With `--distill-source mixed`: the fraction of the windows the target writes (spread
+    /// evenly over them; the rest are corpus windows). A written window costs ≈ 2.7x a corpus
+    /// one to label. 0.5 (the default) is every other window.
+    #[arg(long)]
+    distill_generated: Option<f64>,
     /// Soft distillation: train on the target's K most likely next tokens after every prefix
     /// (its softmax, renormalised over those K; ids outside a draft's reduced vocabulary pool
     /// in its "other" class) instead of its argmax alone. The windows are --distill's (the same
@@ -449,7 +454,7 @@ fn train_prose(a: &TrainArgs, out: &std::path::Path) -> Result<()> {
     let seq_len = 128;
     let (mut distill, mut distill_soft) = match &a.distill {
         Some(t) => {
-            let source = Source::parse(&a.distill_source);
+            let source = Source::parse(&a.distill_source, a.distill_generated)?;
             let windows = Source::windows(&corpus.train, a.distill_windows, seq_len)?;
             let data = std::path::Path::new("data");
             label_windows(t, &windows, seq_len, source, a.distill_soft, data)?
@@ -820,34 +825,50 @@ const GEN_PREFIX: usize = 32;
 enum Source {
     Corpus,
     Generated,
-    Mixed,
+    /// Corpus windows and windows the target writes, this fraction of them written.
+    Mixed(f64),
 }
 
 impl Source {
-    fn parse(s: &str) -> Self {
-        match s {
-            "generated" => Self::Generated,
-            "mixed" => Self::Mixed,
+    /// `--distill-source` and `--distill-generated`.
+    fn parse(s: &str, generated: Option<f64>) -> Result<Self> {
+        Ok(match (s, generated) {
+            ("mixed", g) => {
+                let g = g.unwrap_or(0.5);
+                if !(g > 0.0 && g < 1.0) {
+                    bail!("--distill-generated must be in (0, 1), got {g}");
+                }
+                Self::Mixed(g)
+            }
+            (_, Some(_)) => bail!("--distill-generated needs --distill-source mixed"),
+            ("generated", None) => Self::Generated,
             _ => Self::Corpus,
-        }
+        })
     }
 
-    /// The caches' name stem.
-    fn kind(self) -> &'static str {
+    /// The caches' name stem (`distill-mix` for every other window written, as before the
+    /// fraction could be chosen; `distill-mix25` for a quarter).
+    fn kind(self) -> String {
         match self {
-            Self::Corpus => "distill",
-            Self::Generated => "distill-gen",
-            Self::Mixed => "distill-mix",
+            Self::Corpus => "distill".into(),
+            Self::Generated => "distill-gen".into(),
+            Self::Mixed(g) if g == 0.5 => "distill-mix".into(),
+            Self::Mixed(g) => format!("distill-mix{}", (100.0 * g).round()),
         }
     }
 
     /// How window `k` is made: `None`, a corpus window; `Some(chat)`, written by the target
     /// from the window's first [`GEN_PREFIX`] tokens, inside a chat request when `chat`.
+    /// Mixed: window `k` is written when `⌊(k + 1)·g⌋ > ⌊k·g⌋` (evenly spread; with g = ½ the
+    /// odd windows), and the written ones alternate raw text and chat requests.
     fn generated(self, k: usize) -> Option<bool> {
         match self {
             Self::Corpus => None,
             Self::Generated => Some(k % 2 == 1),
-            Self::Mixed => (k % 2 == 1).then_some(k % 4 == 3),
+            Self::Mixed(g) => {
+                let before = (k as f64 * g).floor();
+                (((k + 1) as f64 * g).floor() > before).then_some(before as usize % 2 == 1)
+            }
         }
     }
 
@@ -1941,6 +1962,42 @@ mod tests {
     /// target's greedy continuation; the fused pass's argmax labels equal a separate forward's
     /// and the top of its soft labels; a second call reads the caches, and soft labels made
     /// afresh for cached windows (a separate pass) equal the fused ones.
+    /// `--distill-generated`: ½ is the old every-other-window rule (its caches stay valid),
+    /// other fractions write that share of windows, evenly spread, half of them chat requests.
+    #[test]
+    fn mixed_sources_write_their_fraction_of_windows() {
+        let half = Source::parse("mixed", None).unwrap();
+        assert_eq!(half.kind(), "distill-mix");
+        for k in 0..64 {
+            assert_eq!(
+                half.generated(k),
+                (k % 2 == 1).then_some(k % 4 == 3),
+                "window {k}"
+            );
+        }
+        let quarter = Source::parse("mixed", Some(0.25)).unwrap();
+        assert_eq!(quarter.kind(), "distill-mix25");
+        let written: Vec<bool> = (0..64).filter_map(|k| quarter.generated(k)).collect();
+        assert_eq!(written.len(), 16);
+        assert_eq!(written.iter().filter(|&&chat| chat).count(), 8);
+        // Evenly spread: one written window in every four.
+        for block in 0..16 {
+            let n = (4 * block..4 * block + 4)
+                .filter(|&k| quarter.generated(k).is_some())
+                .count();
+            assert_eq!(n, 1, "block {block}");
+        }
+        for (src, g) in [
+            ("mixed", 0.0),
+            ("mixed", 1.0),
+            ("corpus", 0.25),
+            ("generated", 0.5),
+        ] {
+            assert!(Source::parse(src, Some(g)).is_err(), "{src} {g}");
+        }
+        assert!(matches!(Source::parse("corpus", None), Ok(Source::Corpus)));
+    }
+
     #[test]
     fn mixed_windows_are_labelled_in_one_pass_and_cached() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -1951,7 +2008,7 @@ mod tests {
         let t = GEN_PREFIX + 8;
         let train: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 3) % 50 + 3).collect();
         let inputs = Source::windows(&train, 3, t).unwrap();
-        let (hard, soft) = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        let (hard, soft) = label_windows(target, &inputs, t, Source::Mixed(0.5), 3, &dir).unwrap();
         assert_eq!((hard.len(), soft.len()), (3, 3));
         assert_eq!(hard[0].0, inputs[0]);
         assert_eq!(hard[2].0, inputs[2]);
@@ -1970,11 +2027,11 @@ mod tests {
         for j in GEN_PREFIX..t - 1 {
             assert_eq!(hard[1].1[j], hard[1].0[j + 1]);
         }
-        let again = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        let again = label_windows(target, &inputs, t, Source::Mixed(0.5), 3, &dir).unwrap();
         assert_eq!((&again.0, &again.1), (&hard, &soft));
         let stem = file_stem(target);
         std::fs::remove_file(dir.join(format!("distill-mix-soft3-{stem}-3x{t}.bin"))).unwrap();
-        let fresh = label_windows(target, &inputs, t, Source::Mixed, 3, &dir).unwrap();
+        let fresh = label_windows(target, &inputs, t, Source::Mixed(0.5), 3, &dir).unwrap();
         assert_eq!((&fresh.0, &fresh.1), (&hard, &soft));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -435,6 +435,81 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory budget"));
 }
 
+/// `llada bench spec --json` with two drafters under a streamed budget: every configuration of
+/// both (their runs interleaved prompt by prompt) reproduces target-only greedy, the report has
+/// the fields, and the target's weights stay within budget + staging + 10 % with both
+/// drafts loaded.
+#[test]
+fn bench_spec_reports_its_fields_for_interleaved_drafters() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let draft = root.join("models/smollm2-draft");
+    let drafts = format!("ngram,ngram+{}", draft.display());
+    let out_dir = std::env::temp_dir().join(format!("llada-bench-spec-{}", std::process::id()));
+    let j = run_json(&[
+        "bench",
+        "spec",
+        "--budgets",
+        "25%",
+        "--drafts",
+        &drafts,
+        "--prompts",
+        "2",
+        "--max-tokens",
+        "6",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+        "--json",
+    ]);
+    let runs = j["runs"].as_array().unwrap();
+    // AR, 7 configurations of the n-gram drafter (no probe: no early exit), 8 of the hybrid.
+    assert_eq!(runs.len(), 16, "{j}");
+    assert_eq!(runs[0]["config"], "ar");
+    for r in runs {
+        for k in [
+            "config",
+            "budget",
+            "tokens_per_s",
+            "accepted_len",
+            "bytes_per_token",
+            "peak_rss_bytes",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing in {r}");
+        }
+        assert_eq!(r["prompts"], 2);
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["bytes_per_token"].as_f64().unwrap() > 0.0,
+            "streamed: {r}"
+        );
+    }
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r["config"] == "lever-tree+early-exit")
+            .count(),
+        1
+    );
+    assert_eq!(j["lossless_total"], 32);
+    assert_eq!(j["lossless_identical"], j["lossless_total"], "{j}");
+    for k in [
+        "speedup_vs_ar_25pct",
+        "speedup_vs_chain_25pct",
+        "async_speedup",
+    ] {
+        assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
+    }
+    let mem = &j["memory"][0];
+    assert!(mem["draft_weight_bytes"].as_u64().unwrap() > 0, "{mem}");
+    assert_eq!(
+        mem["weights_within_budget_plus_staging_10pct"], true,
+        "{mem}"
+    );
+    assert_eq!(j["ar_drift"][0]["last_identical"], 2);
+    for f in ["report.md", "runs.csv", "report.json", "tokens_per_s.svg"] {
+        assert!(out_dir.join(f).exists(), "{f} not written");
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 /// `llada bench diffusion --json` on a shipped task model reports the fields.
 #[test]
 fn bench_diffusion_reports_its_fields() {
