@@ -852,7 +852,7 @@ impl Source {
         match self {
             Self::Corpus => "distill".into(),
             Self::Generated => "distill-gen".into(),
-            Self::Mixed(g) if g == 0.5 => "distill-mix".into(),
+            Self::Mixed(0.5) => "distill-mix".into(),
             Self::Mixed(g) => format!("distill-mix{}", (100.0 * g).round()),
         }
     }
