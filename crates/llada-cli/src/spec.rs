@@ -575,9 +575,11 @@ fn bench_prompts(tok: &llada_formats::tokenizer::Tokenizer, n: usize) -> Result<
         .collect()
 }
 
-/// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs), so each configuration's
-/// peak is its own.
+/// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs) and free the staging
+/// pool's idle buffers, so each configuration's peak is its own (interleaved, a run can
+/// follow a TVC run, whose two streamed passes leave the pool holding other shapes).
 fn reset_peak_rss() {
+    llada_kernels::recycle::release_pooled();
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     llada_kernels::weight_memory::reset_peak();
 }

@@ -437,7 +437,8 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
 
 /// `llada bench spec --json` with two drafters under a streamed budget: every configuration of
 /// both (their runs interleaved prompt by prompt) reproduces target-only greedy, the report has
-/// the fields, and the memory report leaves both loaded drafts' weights out.
+/// the fields, and the target's weights stay within budget + staging + 10 % with both
+/// drafts loaded.
 #[test]
 fn bench_spec_reports_its_fields_for_interleaved_drafters() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -498,10 +499,10 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
     }
     let mem = &j["memory"][0];
     assert!(mem["draft_weight_bytes"].as_u64().unwrap() > 0, "{mem}");
-    // The weight check is reported, not asserted here: at stop 36 a chain run that followed a
-    // TVC run in the rotation read 1.105x budget + staging (docs/speculative.md, "Stop 36").
-    assert!(
-        mem["weights_within_budget_plus_staging_10pct"].is_boolean(),
+    // Interleaved, a run can follow a TVC run (two streamed passes): the bench frees the
+    // staging pool's idle buffers between runs, so the check holds (stop 36: 1.105x before).
+    assert_eq!(
+        mem["weights_within_budget_plus_staging_10pct"], true,
         "{mem}"
     );
     assert_eq!(j["ar_drift"][0]["last_identical"], 2);

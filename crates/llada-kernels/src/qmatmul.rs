@@ -259,6 +259,23 @@ pub mod recycle {
         }
     }
 
+    /// Free every pooled buffer (they are counted as weight memory while pooled). A run that
+    /// streamed two passes at once (AHASD's TVC) can leave the pool holding buffers of shapes
+    /// the next run does not take, which then allocates beside them; a bench calls this
+    /// between runs so that each run's peak is its own.
+    pub fn release_pooled() {
+        let freed: Vec<Buf> = match POOL.lock() {
+            Ok(mut p) => {
+                p.bytes = 0;
+                std::mem::take(&mut p.free)
+            }
+            Err(_) => vec![],
+        };
+        for b in freed {
+            weight_memory::sub(b.bytes());
+        }
+    }
+
     /// Bytes held in the pool now.
     pub fn pooled_bytes() -> u64 {
         POOL.lock().map(|p| p.bytes).unwrap_or(0)
