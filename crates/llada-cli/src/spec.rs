@@ -574,11 +574,12 @@ fn bench_prompts(tok: &llada_formats::tokenizer::Tokenizer, n: usize) -> Result<
         .collect()
 }
 
-/// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs) and free the staging
-/// pool's idle buffers, so each configuration's peak is its own (interleaved, a run can
-/// follow a TVC run, whose two streamed passes leave the pool holding other shapes).
+/// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs) and the weight-memory
+/// high-water mark, so each configuration's peak is its own. The staging pool is left as the
+/// previous run left it, as in a long-lived process: a run after a TVC run (two streamed
+/// passes at once, other buffer shapes pooled) frees what it cannot use before allocating
+/// (`recycle::make_room`), so its peak stays its own.
 fn reset_peak_rss() {
-    llada_kernels::recycle::release_pooled();
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     llada_kernels::weight_memory::reset_peak();
 }

@@ -105,12 +105,15 @@ impl StagingBytes {
             // A recycled buffer keeps its length: shrinking writes nothing, growing zeroes
             // only the new tail (a read overwrites it all anyway).
             v.resize(len, 0);
+            recycle::lend(v.capacity());
             return Self(v);
         }
         let cap = len.max(size);
+        recycle::make_room(cap);
         let mut v = vec![0u8; cap];
         v.truncate(len);
         weight_memory::add(cap);
+        recycle::lend(v.capacity());
         Self(v)
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -128,6 +131,7 @@ impl Drop for StagingBytes {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
         let cap = v.capacity();
+        recycle::give_back(cap);
         if !recycle::keep(recycle::Buf::Bytes(v)) {
             weight_memory::sub(cap);
         }
@@ -144,8 +148,10 @@ impl Drop for StagingBytes {
 /// matrix it repacks is carved from it, and when the unit's last matrix drops, the arena goes
 /// back to a pool for the next unit; read buffers ([`StagingBytes`]) are pooled likewise. The
 /// pool holds at most what live [`Reservation`]s allow (none by default: nothing is kept; when
-/// the last weight store goes, its pooled buffers are freed). Arenas and
-/// pooled buffers are counted in [`weight_memory`]: they are memory the process holds.
+/// the last weight store goes, its pooled buffers are freed), and a request it cannot serve
+/// first frees idle buffers until those lent out, those pooled and the new one fit the cap
+/// (`make_room`): the pool never allocates beside idle buffers it could free. Arenas
+/// and pooled buffers are counted in [`weight_memory`]: they are memory the process holds.
 pub mod recycle {
     use super::weight_memory;
     use std::cell::RefCell;
@@ -188,6 +194,7 @@ pub mod recycle {
         fn drop(&mut self) {
             if let Some(map) = self.map.take() {
                 let len = map.len();
+                give_back(len);
                 if !keep(Buf::Map(map)) {
                     weight_memory::sub(len);
                 }
@@ -219,6 +226,61 @@ pub mod recycle {
         free: Vec::new(),
     });
     static CAP: AtomicU64 = AtomicU64::new(0);
+    /// Bytes of recyclable buffers (arenas, staging reads) in use now: taken from the pool or
+    /// freshly allocated, not yet dropped.
+    static LENT: AtomicU64 = AtomicU64::new(0);
+    /// Bytes of idle buffers [`make_room`] has freed since the process started.
+    static EVICTED: AtomicU64 = AtomicU64::new(0);
+
+    pub(crate) fn lend(n: usize) {
+        LENT.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn give_back(n: usize) {
+        LENT.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+
+    /// Before a fresh allocation of `n` bytes that the pool could not serve: free idle pooled
+    /// buffers (oldest first) while what is in use, what is pooled and the new buffer together
+    /// exceed the cap. Pooled buffers of shapes the current work does not take — left by a
+    /// pass that needed more or other buffers (AHASD's TVC streams two passes at once) — would
+    /// otherwise stay allocated beside the fresh ones; in a steady state nothing misses and
+    /// nothing is freed.
+    pub(crate) fn make_room(n: usize) {
+        let cap = CAP.load(Ordering::Relaxed);
+        if cap == 0 {
+            return;
+        }
+        let lent = LENT.load(Ordering::Relaxed);
+        let freed: Vec<Buf> = match POOL.lock() {
+            Ok(mut p) => {
+                let mut k = 0;
+                let mut pooled = p.bytes;
+                while k < p.free.len() && lent + pooled + n as u64 > cap {
+                    pooled -= p.free[k].bytes() as u64;
+                    k += 1;
+                }
+                p.bytes = pooled;
+                p.free.drain(..k).collect()
+            }
+            Err(_) => vec![],
+        };
+        for b in freed {
+            EVICTED.fetch_add(b.bytes() as u64, Ordering::Relaxed);
+            weight_memory::sub(b.bytes());
+        }
+    }
+
+    /// Bytes of idle pooled buffers freed to make room for a fresh one, since the process
+    /// started: zero growth in a steady state (every request served from the pool).
+    pub fn evicted_bytes() -> u64 {
+        EVICTED.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of recyclable buffers in use now (not pooled).
+    pub fn lent_bytes() -> u64 {
+        LENT.load(Ordering::Relaxed)
+    }
 
     thread_local! {
         /// The arena of the unit this thread is building, and its next free offset.
@@ -256,23 +318,6 @@ pub mod recycle {
             for b in freed {
                 weight_memory::sub(b.bytes());
             }
-        }
-    }
-
-    /// Free every pooled buffer (they are counted as weight memory while pooled). A run that
-    /// streamed two passes at once (AHASD's TVC) can leave the pool holding buffers of shapes
-    /// the next run does not take, which then allocates beside them; a bench calls this
-    /// between runs so that each run's peak is its own.
-    pub fn release_pooled() {
-        let freed: Vec<Buf> = match POOL.lock() {
-            Ok(mut p) => {
-                p.bytes = 0;
-                std::mem::take(&mut p.free)
-            }
-            Err(_) => vec![],
-        };
-        for b in freed {
-            weight_memory::sub(b.bytes());
         }
     }
 
@@ -314,7 +359,9 @@ pub mod recycle {
     fn take(fits: impl Fn(&Buf) -> bool) -> Option<Buf> {
         let mut p = POOL.lock().ok()?;
         let i = p.free.iter().position(fits)?;
-        let b = p.free.swap_remove(i);
+        // `remove`, not `swap_remove`: the pool stays in the order buffers came back, which
+        // `make_room` frees oldest first (a few dozen entries at most).
+        let b = p.free.remove(i);
         p.bytes -= b.bytes() as u64;
         Some(b)
     }
@@ -340,7 +387,11 @@ pub mod recycle {
     /// fresh mappings). The arena returns to the pool when the last of them drops.
     pub fn in_arena<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
         let bytes = bytes.max(1);
-        let mut map = take_map(bytes).unwrap_or_else(|| fresh_map(bytes));
+        let mut map = take_map(bytes).unwrap_or_else(|| {
+            make_room(bytes);
+            fresh_map(bytes)
+        });
+        lend(map.len());
         let base = map.as_mut_ptr();
         let arena = Arc::new(Arena {
             map: Some(map),

@@ -86,12 +86,20 @@ fn streamed_weights_give_identical_logits() {
             // Weight memory while streaming: the staging buffers the plan declares, no more.
             weight_memory::reset_peak();
             let live = weight_memory::live();
+            let evicted = llada_kernels::recycle::evicted_bytes();
             let got = logits(&m, &tokens);
             let staged = weight_memory::peak() - live;
             assert!(
                 staged <= st.plan.staging_bytes(),
                 "{name} at {frac}: {staged} staged bytes > {}",
                 st.plan.staging_bytes()
+            );
+            // The pool's steady state: after the first pass every arena and read buffer comes
+            // from the pool, so making room never frees one (no churn within the staging cap).
+            assert_eq!(
+                llada_kernels::recycle::evicted_bytes(),
+                evicted,
+                "{name} at {frac}: pooled buffers freed while streaming one model"
             );
             if name.starts_with("gguf") {
                 // Quantized head: the kernels compute each logit row-independently.
