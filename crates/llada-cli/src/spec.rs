@@ -303,6 +303,7 @@ pub fn run_generate(
             stop_ids: stop,
             exit,
             probe_log: None,
+            fixed_cost: None,
         },
     )?)
 }
@@ -789,6 +790,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                                         stop_ids: vec![],
                                         exit: exit.clone(),
                                         probe_log: None,
+                                        fixed_cost: None,
                                     },
                                 )?;
                                 t.rows_saved += o.layer_rows_saved;
@@ -1131,6 +1133,18 @@ pub struct TrainProbeArgs {
     json: bool,
 }
 
+/// The cost model `llada train-probe` grows its calibration trees under, fixed so that the
+/// calibration nodes, and the probe fitted on them, are the same on every run (refitted from
+/// measured passes, as `generate` does, they followed the machine's speed: 2 847 and 2 997
+/// nodes in two runs for one draft). A pass's fixed cost is 40 rows' worth — the order of a
+/// streamed pass at the 25 % budget (≈ 0.1 s of weight reads), the regime early exit serves —
+/// so trees grow as they do there rather than as on the resident target calibration runs on.
+const PROBE_COST: llada_decode::speculative::tree::CostModel =
+    llada_decode::speculative::tree::CostModel {
+        io_s: 0.1,
+        token_s: 0.0025,
+    };
+
 pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall must be in [0.5, 1]");
@@ -1199,6 +1213,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
                 stop_ids: vec![],
                 exit: None,
                 probe_log: Some((layer, log.clone())),
+                fixed_cost: Some(PROBE_COST),
             },
         )?;
         let got = std::mem::take(&mut *log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);

@@ -47,6 +47,99 @@ fn shapes() -> Vec<TreeShape> {
     ]
 }
 
+/// A fixed cost model is kept for the whole run (never refitted from measured passes), so
+/// the trees follow it alone: `llada train-probe` relies on this for reproducible calibration.
+#[test]
+fn a_fixed_cost_model_decides_the_trees() {
+    use llada_decode::speculative::tree::CostModel;
+    let target = load("hf-llama");
+    let other = load("hf-qwen2");
+    let lane = Lane::new("dense", 1).unwrap();
+    let prompt = [5u32, 9, 14, 22, 31];
+    let reference = greedy(&target, &lane, &prompt, 30);
+    let run = |cost: CostModel| {
+        let mut d = ModelDrafter::new(&other, &lane, 0.0);
+        spec_generate(
+            &target,
+            &lane,
+            None,
+            &mut d,
+            &prompt,
+            &SpecConfig {
+                max_tokens: 30,
+                sampling: SamplingParams::default(),
+                shape: TreeShape::CostAware {
+                    max_nodes: 12,
+                    max_depth: 5,
+                    top_k: 3,
+                },
+                stop_ids: vec![],
+                exit: None,
+                probe_log: None,
+                fixed_cost: Some(cost),
+            },
+        )
+        .unwrap()
+    };
+    // Compute-bound: no candidate pays for its row, on every pass — a model refitted after
+    // the fourth pass from measured times (milliseconds of fixed cost) would grow trees.
+    let bare = run(CostModel {
+        io_s: 1e-9,
+        token_s: 1e3,
+    });
+    assert_eq!(bare.tokens, reference.tokens);
+    assert!(bare.verify_passes >= 8, "{bare:?}");
+    assert_eq!(bare.tree_nodes, 0, "{bare:?}");
+    // I/O-bound: every candidate pays, so trees fill up to `max_nodes` (depth permitting).
+    let io = CostModel {
+        io_s: 1e3,
+        token_s: 1e-9,
+    };
+    let wide = run(io);
+    assert_eq!(wide.tokens, reference.tokens);
+    assert!(
+        wide.tree_nodes >= 8 * wide.verify_passes,
+        "{} nodes in {} passes",
+        wide.tree_nodes,
+        wide.verify_passes
+    );
+    // Never refitted: the run ends under the model it started with ...
+    assert_eq!(wide.cost, io);
+    assert_eq!(bare.cost.token_s, 1e3);
+    // ... and the same trees on a second run.
+    let again = run(io);
+    assert_eq!(
+        (again.tree_nodes, again.verify_passes, again.accepted),
+        (wide.tree_nodes, wide.verify_passes, wide.accepted)
+    );
+    // Without a fixed model the run refits its own from the measured passes.
+    let mut d = ModelDrafter::new(&other, &lane, 0.0);
+    let measured = spec_generate(
+        &target,
+        &lane,
+        None,
+        &mut d,
+        &prompt,
+        &SpecConfig {
+            max_tokens: 30,
+            sampling: SamplingParams::default(),
+            shape: TreeShape::CostAware {
+                max_nodes: 12,
+                max_depth: 5,
+                top_k: 3,
+            },
+            stop_ids: vec![],
+            exit: None,
+            probe_log: None,
+            fixed_cost: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(measured.tokens, reference.tokens);
+    assert!(measured.verify_passes >= 4);
+    assert_ne!(measured.cost, CostModel::START, "never refitted");
+}
+
 #[test]
 fn greedy_is_identical_to_target_alone() {
     let target = load("hf-llama");
@@ -79,6 +172,7 @@ fn greedy_is_identical_to_target_alone() {
                         stop_ids: vec![],
                         exit: None,
                         probe_log: None,
+                        fixed_cost: None,
                     },
                 )
                 .unwrap();
@@ -108,6 +202,7 @@ fn greedy_is_identical_to_target_alone() {
             stop_ids: vec![],
             exit: None,
             probe_log: None,
+            fixed_cost: None,
         },
     )
     .unwrap();
@@ -169,6 +264,7 @@ fn sampling_follows_the_target_distribution() {
                     stop_ids: vec![],
                     exit: None,
                     probe_log: None,
+                    fixed_cost: None,
                 },
             )
             .unwrap();
@@ -332,6 +428,7 @@ fn early_exit_pruning_is_lossless() {
                         stop_ids: vec![],
                         exit: Some(lens_probe(0, threshold)),
                         probe_log: None,
+                        fixed_cost: None,
                     },
                 )
                 .unwrap();
@@ -374,6 +471,7 @@ fn early_exit_pruning_is_lossless() {
                 stop_ids: vec![],
                 exit: Some(lens_probe(0, 0.0)),
                 probe_log: None,
+                fixed_cost: None,
             },
         )
         .unwrap();
@@ -501,6 +599,7 @@ fn self_drafting_is_lossless() {
                 stop_ids: vec![],
                 exit: None,
                 probe_log: None,
+                fixed_cost: None,
             },
         )
         .unwrap();

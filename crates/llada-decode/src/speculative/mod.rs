@@ -39,6 +39,10 @@ pub struct SpecConfig {
     /// Calibration: record every node's probe features after layer `.0` and its greedy label
     /// into `.1` (`llada train-probe`).
     pub probe_log: Option<(usize, Arc<Mutex<prune::ProbeData>>)>,
+    /// Lever's cost model: `None` refits it from this run's measured verify passes (the trees
+    /// follow the machine's speed, run to run); `Some` keeps it fixed, so the trees — and what
+    /// is calibrated on them (`llada train-probe`) — are the same on every run.
+    pub fixed_cost: Option<CostModel>,
 }
 
 /// Result and statistics of a speculative generation.
@@ -60,6 +64,9 @@ pub struct SpecOutput {
     pub verify_s: f64,
     pub prefill_s: f64,
     pub total_s: f64,
+    /// The cost model the last tree was grown under (refitted from this run's passes unless
+    /// [`SpecConfig::fixed_cost`]).
+    pub cost: CostModel,
 }
 
 impl SpecOutput {
@@ -93,12 +100,9 @@ pub fn generate(
     let sampler = Sampler::new(cfg.sampling);
     let mut cal = Calibration::default();
     // Cost model of this run, refitted from measured verify passes (least squares on
-    // (rows, seconds)); starts as "one pass costs what 16 rows cost".
+    // (rows, seconds)), unless the config fixes it.
     let mut fit: Vec<(f64, f64)> = vec![];
-    let mut cost = CostModel {
-        io_s: 1e-2,
-        token_s: 1e-2 / 16.0,
-    };
+    let mut cost = cfg.fixed_cost.unwrap_or(CostModel::START);
     let greedy = cfg.sampling.is_greedy();
     let chain_rejection = !greedy && matches!(cfg.shape, TreeShape::Chain { .. });
     let mut q_full: Vec<Vec<f32>> = vec![];
@@ -187,7 +191,7 @@ pub fn generate(
         out.verify_passes += 1;
         out.tree_nodes += tree.len();
         fit.push((n as f64, verify_time));
-        if fit.len() >= 4 {
+        if fit.len() >= 4 && cfg.fixed_cost.is_none() {
             cost = refit(&fit, cost);
         }
         // Logits row of each batch row (None: pruned by early exit).
@@ -302,6 +306,7 @@ pub fn generate(
         }
     }
     out.total_s = t0.elapsed().as_secs_f64();
+    out.cost = cost;
     Ok(out)
 }
 

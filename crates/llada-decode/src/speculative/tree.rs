@@ -136,13 +136,18 @@ impl Calibration {
 
 /// Cost of one verify pass of `n` tree tokens: `io_s + n · token_s` (Lever's cost model: the
 /// weight I/O of a pass is paid once, compute grows with the rows).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
 pub struct CostModel {
     pub io_s: f64,
     pub token_s: f64,
 }
 
 impl CostModel {
+    /// A run's model before its first measured passes: one pass costs what 16 rows cost.
+    pub const START: CostModel = CostModel {
+        io_s: 1e-2,
+        token_s: 1e-2 / 16.0,
+    };
     pub fn pass(&self, n: usize) -> f64 {
         self.io_s + n as f64 * self.token_s
     }
