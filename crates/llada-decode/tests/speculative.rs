@@ -57,7 +57,7 @@ fn a_fixed_cost_model_decides_the_trees() {
     let lane = Lane::new("dense", 1).unwrap();
     let prompt = [5u32, 9, 14, 22, 31];
     let reference = greedy(&target, &lane, &prompt, 30);
-    let run = |cost: CostModel| {
+    let run = |cost: Option<CostModel>| {
         let mut d = ModelDrafter::new(&other, &lane, 0.0);
         spec_generate(
             &target,
@@ -76,17 +76,17 @@ fn a_fixed_cost_model_decides_the_trees() {
                 stop_ids: vec![],
                 exit: None,
                 probe_log: None,
-                fixed_cost: Some(cost),
+                fixed_cost: cost,
             },
         )
         .unwrap()
     };
     // Compute-bound: no candidate pays for its row, on every pass — a model refitted after
     // the fourth pass from measured times (milliseconds of fixed cost) would grow trees.
-    let bare = run(CostModel {
+    let bare = run(Some(CostModel {
         io_s: 1e-9,
         token_s: 1e3,
-    });
+    }));
     assert_eq!(bare.tokens, reference.tokens);
     assert!(bare.verify_passes >= 8, "{bare:?}");
     assert_eq!(bare.tree_nodes, 0, "{bare:?}");
@@ -95,7 +95,7 @@ fn a_fixed_cost_model_decides_the_trees() {
         io_s: 1e3,
         token_s: 1e-9,
     };
-    let wide = run(io);
+    let wide = run(Some(io));
     assert_eq!(wide.tokens, reference.tokens);
     assert!(
         wide.tree_nodes >= 8 * wide.verify_passes,
@@ -107,34 +107,13 @@ fn a_fixed_cost_model_decides_the_trees() {
     assert_eq!(wide.cost, io);
     assert_eq!(bare.cost.token_s, 1e3);
     // ... and the same trees on a second run.
-    let again = run(io);
+    let again = run(Some(io));
     assert_eq!(
         (again.tree_nodes, again.verify_passes, again.accepted),
         (wide.tree_nodes, wide.verify_passes, wide.accepted)
     );
     // Without a fixed model the run refits its own from the measured passes.
-    let mut d = ModelDrafter::new(&other, &lane, 0.0);
-    let measured = spec_generate(
-        &target,
-        &lane,
-        None,
-        &mut d,
-        &prompt,
-        &SpecConfig {
-            max_tokens: 30,
-            sampling: SamplingParams::default(),
-            shape: TreeShape::CostAware {
-                max_nodes: 12,
-                max_depth: 5,
-                top_k: 3,
-            },
-            stop_ids: vec![],
-            exit: None,
-            probe_log: None,
-            fixed_cost: None,
-        },
-    )
-    .unwrap();
+    let measured = run(None);
     assert_eq!(measured.tokens, reference.tokens);
     assert!(measured.verify_passes >= 4);
     assert_ne!(measured.cost, CostModel::START, "never refitted");
