@@ -360,6 +360,10 @@ struct SpecRun {
     /// the target's weights, `weights_peak_bytes` minus all loaded drafts' (the report's
     /// `memory[].draft_weight_bytes`).
     draft_weight_bytes: u64,
+    /// Bytes of idle staging buffers the pool freed during this configuration's runs to make
+    /// room for buffers of other shapes (`recycle::make_room`): 0 in a steady state; after a
+    /// TVC run (two streamed passes at once) the next run frees what it cannot take.
+    pool_evicted_bytes: u64,
     accepted_len: f64,
     tree_nodes_per_pass: f64,
     verify_passes: usize,
@@ -431,6 +435,7 @@ struct Tally {
     bytes: u64,
     peak_rss: Option<u64>,
     weights_peak: u64,
+    pool_evicted: u64,
 }
 
 impl Tally {
@@ -454,9 +459,11 @@ impl Tally {
     ) -> Result<Vec<u32>> {
         reset_peak_rss();
         let b0 = streamed();
+        let e0 = llada_kernels::recycle::evicted_bytes();
         let tokens = f(self)?;
         self.tokens += tokens.len();
         self.bytes += streamed() - b0;
+        self.pool_evicted += llada_kernels::recycle::evicted_bytes() - e0;
         self.note_peaks();
         Ok(tokens)
     }
@@ -479,6 +486,7 @@ impl Tally {
             peak_rss_bytes: self.peak_rss,
             weights_peak_bytes: self.weights_peak,
             draft_weight_bytes: draft_w,
+            pool_evicted_bytes: self.pool_evicted,
             accepted_len: per_pass(self.accepted),
             tree_nodes_per_pass: per_pass(self.nodes),
             verify_passes: self.passes,

@@ -481,6 +481,7 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
             r["bytes_per_token"].as_f64().unwrap() > 0.0,
             "streamed: {r}"
         );
+        assert!(r["pool_evicted_bytes"].as_u64().is_some(), "{r}");
     }
     assert_eq!(
         runs.iter()
