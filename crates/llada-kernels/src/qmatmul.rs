@@ -150,7 +150,8 @@ impl Drop for StagingBytes {
 /// pool holds at most what live [`Reservation`]s allow (none by default: nothing is kept; when
 /// the last weight store goes, its pooled buffers are freed), and a request it cannot serve
 /// first frees idle buffers until those lent out, those pooled and the new one fit the cap
-/// (`make_room`): the pool never allocates beside idle buffers it could free. Arenas
+/// (`make_room`; not when the buffers in use alone exceed it, two passes streaming at once,
+/// where freeing could not reach the cap). Arenas
 /// and pooled buffers are counted in [`weight_memory`]: they are memory the process holds.
 pub mod recycle {
     use super::weight_memory;
@@ -245,13 +246,18 @@ pub mod recycle {
     /// exceed the cap. Pooled buffers of shapes the current work does not take — left by a
     /// pass that needed more or other buffers (AHASD's TVC streams two passes at once) — would
     /// otherwise stay allocated beside the fresh ones; in a steady state nothing misses and
-    /// nothing is freed.
+    /// nothing is freed. When what is in use and the new buffer alone exceed the cap (two
+    /// passes streaming at once), freeing cannot reach it and would only throw away buffers the
+    /// next requests take: nothing is freed then.
     pub(crate) fn make_room(n: usize) {
         let cap = CAP.load(Ordering::Relaxed);
         if cap == 0 {
             return;
         }
         let lent = LENT.load(Ordering::Relaxed);
+        if lent + n as u64 > cap {
+            return;
+        }
         let freed: Vec<Buf> = match POOL.lock() {
             Ok(mut p) => {
                 let mut k = 0;

@@ -48,25 +48,50 @@ fn idle_buffers_of_other_shapes_are_freed_before_a_fresh_allocation() {
     assert_eq!(recycle::pooled_bytes(), 0);
     assert_eq!(weight_memory::live() - base, 2 * B as u64);
 
-    // Read buffers obey the same rule: with 2B in use, a read larger than any pooled buffer
-    // frees what is pooled first (one B arena returned, then a 4A read).
+    // Read buffers obey the same rule: with B in use and one B arena pooled, a fresh A-sized
+    // read (B + B + A over the cap) frees the pooled arena first.
     drop(b2);
     assert_eq!(recycle::pooled_bytes(), B as u64);
-    let read = StagingBytes::for_read(10, 4 * A);
+    let read = StagingBytes::for_read(10, A);
     assert_eq!(
         recycle::pooled_bytes(),
         0,
         "an idle arena kept beside a fresh read buffer"
     );
-    assert_eq!(weight_memory::live() - base, (B + 4 * A) as u64);
-    assert_eq!(recycle::lent_bytes(), (B + 4 * A) as u64);
-
-    // Over the cap, a returned buffer is freed rather than pooled; when the reservation goes,
-    // the pool empties.
+    assert_eq!(weight_memory::live() - base, (B + A) as u64);
+    assert_eq!(recycle::lent_bytes(), (B + A) as u64);
     drop(read);
+    assert_eq!(recycle::pooled_bytes(), A as u64);
+
+    // When what is in use and the new buffer alone exceed the cap (two passes streaming at
+    // once), freeing cannot reach it: the pooled buffer stays for the requests that take it.
+    let big = StagingBytes::for_read(4 * A, 4 * A);
+    assert_eq!(recycle::pooled_bytes(), A as u64, "freed in vain");
+    let again = StagingBytes::for_read(10, A);
+    assert_eq!(
+        recycle::pooled_bytes(),
+        0,
+        "the pooled read buffer was not reused"
+    );
+    drop((big, again));
     drop(b1);
     drop(_pool);
     assert_eq!(recycle::pooled_bytes(), 0);
     assert_eq!(recycle::lent_bytes(), 0);
+    assert_eq!(weight_memory::live(), base);
+
+    // Oldest first: with an A arena returned before a C arena, a B request that needs one of
+    // them freed frees the A.
+    const C: usize = A + 8192;
+    let _pool = recycle::reserve(3 * A as u64);
+    let (a, c) = (unit(A), unit(C));
+    drop(a);
+    drop(c);
+    assert_eq!(recycle::pooled_bytes(), (A + C) as u64);
+    let b = unit(B);
+    assert_eq!(recycle::pooled_bytes(), C as u64, "not the oldest freed");
+    drop(b);
+    drop(_pool);
+    assert_eq!(recycle::pooled_bytes(), 0);
     assert_eq!(weight_memory::live(), base);
 }

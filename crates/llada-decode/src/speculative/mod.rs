@@ -64,8 +64,8 @@ pub struct SpecOutput {
     pub verify_s: f64,
     pub prefill_s: f64,
     pub total_s: f64,
-    /// The cost model the last tree was grown under (refitted from this run's passes unless
-    /// [`SpecConfig::fixed_cost`]).
+    /// The cost model at the end of the run: the last refit from this run's measured passes,
+    /// or [`SpecConfig::fixed_cost`] unchanged.
     pub cost: CostModel,
 }
 
