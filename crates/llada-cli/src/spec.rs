@@ -361,8 +361,8 @@ struct SpecRun {
     /// `memory[].draft_weight_bytes`).
     draft_weight_bytes: u64,
     /// Bytes of idle staging buffers the pool freed during this configuration's runs to make
-    /// room for buffers of other shapes (`recycle::make_room`): 0 in a steady state; after a
-    /// TVC run (two streamed passes at once) the next run frees what it cannot take.
+    /// room for buffers of other shapes (`recycle::make_room`): 0 in a steady state, more when
+    /// a run meets pooled buffers it does not take.
     pool_evicted_bytes: u64,
     accepted_len: f64,
     tree_nodes_per_pass: f64,
@@ -413,6 +413,16 @@ impl Cell {
             tally: Tally::default(),
         }
     }
+}
+
+/// A drafter of the bench, loaded once per budget.
+struct Loaded {
+    /// As given in `--drafts`.
+    name: String,
+    src: DraftSource,
+    /// Its packed weights (resident, outside the target's budget).
+    weight_bytes: u64,
+    probe: Option<ExitProbe>,
 }
 
 /// Sums over a configuration's generations (one per prompt).
@@ -675,7 +685,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         // ratios between configurations and between drafters do not hang on their place in
         // the run (run one after the other, the drafter listed first was the faster in three
         // runs out of three at stop 35). AR's first runs give the lossless reference.
-        let mut sources: Vec<(String, DraftSource, u64, Option<ExitProbe>)> = vec![];
+        let mut sources: Vec<Loaded> = vec![];
         for draft in &a.drafts {
             let live_before = llada_kernels::weight_memory::live();
             let src = match DraftSource::load(draft, &target, dq) {
@@ -689,10 +699,15 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             };
             let draft_w = llada_kernels::weight_memory::live().saturating_sub(live_before);
             let probe = DraftSource::probe(draft)?.filter(|p| p.layer + 1 < target.config.n_layers);
-            sources.push((draft.clone(), src, draft_w, probe));
+            sources.push(Loaded {
+                name: draft.clone(),
+                src,
+                weight_bytes: draft_w,
+                probe,
+            });
         }
         // Every loaded draft model stays resident through every run of this budget.
-        let drafts_w: u64 = sources.iter().map(|s| s.2).sum();
+        let drafts_w: u64 = sources.iter().map(|s| s.weight_bytes).sum();
         let dlane = Lane::new("draft", 1)?;
         let sparse = Lane::new("sparse", 1)?;
         let lever = TreeShape::CostAware {
@@ -701,7 +716,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             top_k: 3,
         };
         let mut cells: Vec<Cell> = vec![];
-        for (d, (_, _, _, probe)) in sources.iter().enumerate() {
+        for (d, Loaded { probe, .. }) in sources.iter().enumerate() {
             let mut trees = vec![
                 ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }, None),
                 (
@@ -772,7 +787,9 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             pb.inc(1);
             for c in cell_order(i, cells.len(), prompts.len()) {
                 let cell = &mut cells[c];
-                let (draft, src, _, _) = &sources[cell.draft];
+                let Loaded {
+                    name: draft, src, ..
+                } = &sources[cell.draft];
                 pb.set_message(format!(
                     "{budget}: prompt {}: {} ({draft})",
                     i + 1,
@@ -856,7 +873,11 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         ar_run.verify_util = 1.0;
         runs.push(ar_run);
         for cell in &cells {
-            let (draft, _, draft_w, _) = &sources[cell.draft];
+            let Loaded {
+                name: draft,
+                weight_bytes: draft_w,
+                ..
+            } = &sources[cell.draft];
             runs.push(
                 cell.tally
                     .run(cell.name, draft, budget, prompts.len(), *draft_w),

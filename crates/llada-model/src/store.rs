@@ -404,6 +404,13 @@ pub(crate) enum Part {
 }
 
 impl WeightStore {
+    /// A second share of the buffer pool, for as long as the returned reservation lives: for a
+    /// caller that streams two passes at once (AHASD's TVC pre-verifies beside the verifier),
+    /// so that the second pass's units are recycled rather than freed and re-allocated.
+    pub fn reserve_second_pass(&self) -> llada_kernels::recycle::Reservation {
+        llada_kernels::recycle::reserve(self.plan.staging_bytes())
+    }
+
     pub(crate) fn new(
         recipe: Recipe,
         staged: Option<std::sync::Arc<StagedSource>>,

@@ -365,7 +365,7 @@ pub fn generate(
         .store
         .as_ref()
         .filter(|_| cfg.tvc)
-        .map(|st| llada_kernels::recycle::reserve(st.plan.staging_bytes()));
+        .map(|st| st.reserve_second_pass());
     let shared = Mutex::new(Shared {
         committed: prompt.to_vec(),
         pending: VecDeque::new(),
