@@ -109,6 +109,9 @@ enum Cmd {
     /// Fit the head of the early-exit self-drafter (`--draft self`): the target's first
     /// layers plus a ridge-regression adapter onto its final hidden state.
     TrainSelfDraft(spec::TrainSelfDraftArgs),
+    /// Train the feature drafter (`--draft feature`): a small network that drafts from the
+    /// target's own final features (no layer of the target, no KV cache; docs/speculative.md).
+    TrainFeatureDraft(spec::TrainFeatureDraftArgs),
 }
 
 #[derive(Args, Clone)]
@@ -621,6 +624,7 @@ fn main() {
         Cmd::Eval(a) => zoo::eval(a),
         Cmd::TrainProbe(a) => spec::train_probe(a),
         Cmd::TrainSelfDraft(a) => spec::train_self_draft(a),
+        Cmd::TrainFeatureDraft(a) => spec::train_feature_draft(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

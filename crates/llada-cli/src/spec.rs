@@ -5,6 +5,7 @@ use clap::Args;
 use llada_decode::speculative::drafter::{
     Drafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape,
 };
+use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
 use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
 use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter, SelfHead};
 use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
@@ -110,6 +111,7 @@ pub enum DraftSource {
     Ngram,
     Model(Box<Model>),
     SelfDraft(SelfHead),
+    Feature(FeatureHead),
     Hybrid(Box<DraftSource>),
 }
 
@@ -126,6 +128,9 @@ pub fn draft_quant(s: &str) -> Result<Option<GgmlType>> {
 
 /// Where `--draft self` finds its head.
 pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
+
+/// Where `--draft feature` finds its head.
+pub const FEATURE_HEAD: &str = "models/smollm2-featdraft.safetensors";
 
 impl DraftSource {
     /// `quant`: requantize a draft model's matrices at load ([`draft_quant`]).
@@ -151,6 +156,12 @@ impl DraftSource {
             }
             return Ok(Self::SelfDraft(head));
         }
+        if name == "feature" || name.starts_with("feature:") {
+            let p = std::path::Path::new(name.strip_prefix("feature:").unwrap_or(FEATURE_HEAD));
+            let head = FeatureHead::load(p, target)
+                .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
+            return Ok(Self::Feature(head));
+        }
         let path = crate::models::resolve(name, true)?;
         let m = Model::load(
             &path,
@@ -171,12 +182,25 @@ impl DraftSource {
         }
         Ok(Self::Model(Box::new(m)))
     }
+    /// Whether the drafter drafts from the target's features (not on AHASD's draft lane).
+    pub fn reads_features(&self) -> bool {
+        match self {
+            Self::Feature(_) => true,
+            Self::Hybrid(inner) => inner.reads_features(),
+            _ => false,
+        }
+    }
     /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
     pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
         if let Some(inner) = name.strip_prefix("ngram+") {
             return Self::probe(inner);
         }
-        if name == "ngram" || name == "self" || name.starts_with("self:") {
+        if name == "ngram"
+            || name == "self"
+            || name.starts_with("self:")
+            || name == "feature"
+            || name.starts_with("feature:")
+        {
             return Ok(None);
         }
         let path = crate::models::resolve(name, true)?;
@@ -200,6 +224,7 @@ impl DraftSource {
             Self::Ngram => Box::new(NgramDrafter),
             Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
             Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
+            Self::Feature(h) => Box::new(FeatureDrafter::new(target, h.clone(), temperature)?),
             Self::Hybrid(inner) => Box::new(HybridDrafter {
                 inner: inner.drafter(target, lane, temperature)?,
             }),
@@ -716,7 +741,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             top_k: 3,
         };
         let mut cells: Vec<Cell> = vec![];
-        for (d, Loaded { probe, .. }) in sources.iter().enumerate() {
+        for (d, Loaded { probe, src, .. }) in sources.iter().enumerate() {
             let mut trees = vec![
                 ("chain", TreeShape::Chain { n: 16, p_min: 0.75 }, None),
                 (
@@ -734,7 +759,11 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             for (name, shape, exit) in trees {
                 cells.push(Cell::new(name, d, CellMode::Tree { shape, exit }));
             }
-            // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates.
+            // AHASD: the same drafter on its own lane, lock-step vs asynchronous, with the gates
+            // (not for a drafter that reads the target's features: the draft lane has none).
+            if src.reads_features() {
+                continue;
+            }
             for (name, edc, tvc, synchronous) in [
                 ("ahasd-sync", false, false, true),
                 ("ahasd-async", false, false, false),
@@ -1198,7 +1227,10 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     // Calibrated on the draft as `generate` and `bench spec` run it by default.
     let src = DraftSource::load(&a.draft, &target, draft_quant(DRAFT_QUANT)?)?;
     let draft_dir = match &src {
-        DraftSource::Ngram | DraftSource::SelfDraft(_) | DraftSource::Hybrid(_) => {
+        DraftSource::Ngram
+        | DraftSource::SelfDraft(_)
+        | DraftSource::Feature(_)
+        | DraftSource::Hybrid(_) => {
             bail!(
                 "the probe ships with a draft model directory, not `{}`",
                 a.draft
@@ -1377,6 +1409,238 @@ pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
         target.config.n_layers,
         a.vocab,
         100.0 * agree as f64 / total.max(1) as f64,
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// `llada train-feature-draft`: train the feature drafter's head on the target's features.
+#[derive(Args)]
+pub struct TrainFeatureDraftArgs {
+    /// Target model (alias, GGUF or HF directory).
+    #[arg(long, default_value = "smollm2")]
+    target: String,
+    /// Training windows of 128 tokens from the Austen + KJV training split (the target runs
+    /// one causal pass over each to record its features).
+    #[arg(long, default_value_t = 1536)]
+    windows: usize,
+    /// Held-out windows for the agreement report.
+    #[arg(long, default_value_t = 64)]
+    held_out: usize,
+    /// Token ids the head proposes (the most frequent target choices and tokens of the windows).
+    #[arg(long, default_value_t = 8192)]
+    vocab: usize,
+    /// Hidden width of the head.
+    #[arg(long, default_value_t = 1536)]
+    hidden: usize,
+    /// Passes over the training examples.
+    #[arg(long, default_value_t = 3.0)]
+    epochs: f64,
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Weight of the feature regression term beside the cross-entropy.
+    #[arg(long, default_value_t = 0.1)]
+    feature_weight: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also report a draft model's agreement on the same held-out positions (e.g.
+    /// `models/smollm2-draft`).
+    #[arg(long)]
+    compare: Option<String>,
+    /// Output file.
+    #[arg(long, default_value = FEATURE_HEAD)]
+    out: PathBuf,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Causal passes of `target` over `windows`: each position's final feature (`n·T × d`) and
+/// the target's argmax there.
+fn target_features(
+    target: &Model,
+    lane: &Lane,
+    windows: &[Vec<u32>],
+    what: &str,
+) -> Result<(Vec<f32>, Vec<u32>)> {
+    let pb = indicatif::ProgressBar::new(windows.len() as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}} < {{eta_precise}}] {what}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let (mut feats, mut best) = (vec![], vec![]);
+    for w in windows {
+        let pos: Vec<u32> = (0..w.len() as u32).collect();
+        let out = lane.run(|| {
+            target.forward(
+                &llada_model::ForwardRequest {
+                    tokens: w,
+                    positions: &pos,
+                    mask: llada_model::AttnMask::Causal,
+                    kv_write: llada_model::KvWrite::None,
+                    logits: llada_model::LogitRows::All,
+                },
+                &mut target.new_cache(),
+            )
+        })?;
+        feats.extend_from_slice(&out.features);
+        best.extend((0..w.len()).map(|r| llada_decode::sampling::argmax(out.row(r))));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok((feats, best))
+}
+
+pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
+    use llada_decode::speculative::featdraft::embed;
+    let t0 = std::time::Instant::now();
+    let path = crate::models::resolve(&a.target, false)?;
+    let target = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    if a.windows == 0 || a.vocab == 0 || a.hidden == 0 || a.batch == 0 || a.epochs <= 0.0 {
+        bail!("--windows, --vocab, --hidden, --batch and --epochs must be positive");
+    }
+    let tok = target
+        .tokenizer
+        .as_ref()
+        .context("the target has no tokenizer")?;
+    let files = crate::zoo::prose_files()?;
+    let corpus =
+        llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let windows = corpus.windows(false, a.windows, 128, &mut rng);
+    let held = corpus.windows(true, a.held_out.max(1), 128, &mut rng);
+    let lane = Lane::new("dense", crate::threads_or_all(a.threads))?;
+    let d = target.config.d_model;
+    let (feats, best) =
+        target_features(&target, &lane, &windows, "recording the target's features")?;
+    // The head's ids: the most frequent target choices and input tokens of the windows.
+    let vocab = target.config.vocab;
+    let mut count = vec![0u64; vocab];
+    for &t in windows.iter().flatten().chain(&best) {
+        if let Some(c) = count.get_mut(t as usize) {
+            *c += 1;
+        }
+    }
+    let mut ids: Vec<u32> = (0..vocab as u32).collect();
+    ids.sort_by_key(|&t| (std::cmp::Reverse(count[t as usize]), t));
+    ids.truncate(a.vocab.min(vocab));
+    let mut index = vec![u32::MAX; vocab];
+    for (i, &t) in ids.iter().enumerate() {
+        index[t as usize] = i as u32;
+    }
+    let mut rows = vec![0f32; ids.len() * d];
+    for (r, &t) in rows.chunks_exact_mut(d).zip(&ids) {
+        embed(&target, t, r)?;
+    }
+    // Examples: (f_t, x_{t+1}) -> (f_{t+1}, y_{t+1}) inside each window.
+    let mut data = llada_train::featdraft::FeatureData {
+        d,
+        inputs: vec![],
+        next: vec![],
+        label: vec![],
+    };
+    let mut e = vec![0f32; d];
+    let mut off = 0;
+    for w in &windows {
+        for t in 0..w.len().saturating_sub(1) {
+            let (r0, r1) = (off + t, off + t + 1);
+            let lab = index[best[r1] as usize];
+            if lab == u32::MAX {
+                continue;
+            }
+            embed(&target, w[t + 1], &mut e)?;
+            data.inputs.extend_from_slice(&feats[r0 * d..(r0 + 1) * d]);
+            data.inputs.extend_from_slice(&e);
+            data.next.extend_from_slice(&feats[r1 * d..(r1 + 1) * d]);
+            data.label.push(lab);
+        }
+        off += w.len();
+    }
+    drop(feats);
+    let opts = llada_train::featdraft::FitOptions {
+        hidden: a.hidden,
+        epochs: a.epochs,
+        batch: a.batch,
+        lr: a.lr,
+        feature_weight: a.feature_weight,
+        seed: a.seed,
+    };
+    let pb = indicatif::ProgressBar::new(1);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let examples = data.len();
+    let fitted = lane.run(|| {
+        llada_train::featdraft::fit(&data, &rows, &opts, |s, n, ce| {
+            pb.set_length(n as u64);
+            pb.set_position(s as u64);
+            pb.set_message(format!("training the feature head, cross-entropy {ce:.3}"));
+        })
+    })?;
+    pb.finish_and_clear();
+    drop(data);
+    let head = FeatureHead {
+        d,
+        hidden: fitted.hidden,
+        w1: fitted.w1,
+        b1: fitted.b1,
+        w2: fitted.w2,
+        b2: fitted.b2,
+        ids,
+    };
+    if let Some(dir) = a.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    head.save(&a.out).map_err(anyhow::Error::msg)?;
+    let train_s = t0.elapsed().as_secs_f64();
+    // Held-out agreement: the drafter's first proposal after each held-out position, given
+    // the target's feature one position back (what it gets after a verification), against
+    // the target's argmax.
+    let (hfeats, hbest) = target_features(&target, &lane, &held, "held-out features")?;
+    let mut fd = FeatureDrafter::new(&target, head, 0.0)?;
+    let other = match &a.compare {
+        Some(name) => Some(DraftSource::load(name, &target, Some(GgmlType::Q8_0))?),
+        None => None,
+    };
+    let mut od = match &other {
+        Some(src) => Some(src.drafter(&target, &lane, 0.0)?),
+        None => None,
+    };
+    let empty = llada_decode::speculative::tree::DraftTree::default();
+    let (mut agree, mut agree_other, mut total) = (0usize, 0usize, 0usize);
+    let mut off = 0;
+    for w in &held {
+        for t in 0..w.len().saturating_sub(1) {
+            let want = hbest[off + t + 1];
+            fd.observe_feature(&hfeats[(off + t) * d..(off + t + 1) * d]);
+            let p = fd.propose(&w[..t + 2], &empty, None, 1)?;
+            agree += usize::from(p.top.first().map(|x| x.0) == Some(want));
+            if let Some(o) = od.as_mut() {
+                let p = o.propose(&w[..t + 2], &empty, None, 1)?;
+                agree_other += usize::from(p.top.first().map(|x| x.0) == Some(want));
+            }
+            total += 1;
+        }
+        off += w.len();
+    }
+    let pct = |n: usize| 100.0 * n as f64 / total.max(1) as f64;
+    println!(
+        "feature head: hidden {}, {} ids, {examples} examples, {:.1} min; top-1 agreement with the target on held-out prose: {:.1}% ({total} positions){}; wrote {}",
+        a.hidden,
+        a.vocab.min(vocab),
+        train_s / 60.0,
+        pct(agree),
+        a.compare
+            .as_ref()
+            .map(|n| format!(", {n}: {:.1}%", pct(agree_other)))
+            .unwrap_or_default(),
         a.out.display()
     );
     Ok(())

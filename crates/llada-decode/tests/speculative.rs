@@ -590,3 +590,190 @@ fn self_drafting_is_lossless() {
         "the self-drafter never agreed with its target"
     );
 }
+
+/// A head for the fixture targets with small deterministic weights (not trained).
+fn fixture_feature_head(target: &Model) -> llada_decode::speculative::featdraft::FeatureHead {
+    let (d, h) = (target.config.d_model, 6);
+    let w = |n: usize, s: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| s * ((i * 37 % 101) as f32 / 50.0 - 1.0))
+            .collect()
+    };
+    llada_decode::speculative::featdraft::FeatureHead {
+        d,
+        hidden: h,
+        w1: w(h * 2 * d, 0.3),
+        b1: w(h, 0.1),
+        w2: w(h * d, 0.2),
+        b2: w(d, 0.05),
+        ids: (0..target.config.vocab as u32).collect(),
+    }
+}
+
+/// The final features are what the tied head multiplies: a feature head with no update
+/// (`f̂ = f`) proposes, after the prefill, exactly the target's own next-token distribution
+/// at the row that chose the root.
+#[test]
+fn a_feature_head_without_update_proposes_the_targets_distribution() {
+    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+    use llada_decode::speculative::tree::DraftTree;
+    let target = load("hf-llama"); // tied embeddings
+    let (d, v) = (target.config.d_model, target.config.vocab);
+    let zero = FeatureHead {
+        d,
+        hidden: 4,
+        w1: vec![0.0; 4 * 2 * d],
+        b1: vec![0.0; 4],
+        w2: vec![0.0; 4 * d],
+        b2: vec![0.0; d],
+        ids: (0..v as u32).collect(),
+    };
+    let prompt = [5u32, 9, 14, 22, 31];
+    let pos: Vec<u32> = (0..4).collect();
+    let out = target
+        .forward(
+            &ForwardRequest {
+                tokens: &prompt[..4],
+                positions: &pos,
+                mask: AttnMask::Causal,
+                kv_write: KvWrite::None,
+                logits: LogitRows::All,
+            },
+            &mut target.new_cache(),
+        )
+        .unwrap();
+    assert_eq!(out.features.len(), 4 * d);
+    let mut p = out.row(3).to_vec();
+    softmax(&mut p);
+    let mut dr = FeatureDrafter::new(&target, zero, 0.0).unwrap();
+    dr.observe_feature(&out.features[3 * d..]);
+    let prop = dr.propose(&prompt, &DraftTree::default(), None, 3).unwrap();
+    let full = prop.full.unwrap();
+    for t in 0..v {
+        assert!(
+            (full[t] - p[t]).abs() < 1e-5,
+            "token {t}: {} vs {}",
+            full[t],
+            p[t]
+        );
+    }
+}
+
+/// Feature drafting is lossless, its head round-trips through its file, and before every
+/// tree the engine has handed the drafter the target's feature of the row that chose the root.
+#[test]
+fn feature_drafting_is_lossless_and_sees_the_right_features() {
+    use llada_decode::speculative::drafter::Proposal;
+    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+    use llada_decode::speculative::tree::DraftTree;
+    use llada_model::ModelError;
+
+    /// Records, at each tree's first proposal, the context and the last feature observed.
+    struct Recording<'m> {
+        inner: FeatureDrafter<'m>,
+        last: Option<Vec<f32>>,
+        seen: Vec<(Vec<u32>, Vec<f32>)>,
+    }
+    impl Drafter for Recording<'_> {
+        fn name(&self) -> String {
+            "recording".into()
+        }
+        fn wants_features(&self) -> bool {
+            true
+        }
+        fn observe_feature(&mut self, f: &[f32]) {
+            self.last = Some(f.to_vec());
+            self.inner.observe_feature(f);
+        }
+        fn propose(
+            &mut self,
+            context: &[u32],
+            tree: &DraftTree,
+            node: Option<usize>,
+            k: usize,
+        ) -> Result<Proposal, ModelError> {
+            if node.is_none() {
+                if let Some(f) = &self.last {
+                    self.seen.push((context.to_vec(), f.clone()));
+                }
+            }
+            self.inner.propose(context, tree, node, k)
+        }
+    }
+
+    let target = load("hf-llama");
+    let lane = Lane::new("dense", 1).unwrap();
+    let d = target.config.d_model;
+    let head = fixture_feature_head(&target);
+    let path =
+        std::env::temp_dir().join(format!("llada-feathead-{}.safetensors", std::process::id()));
+    head.save(&path).unwrap();
+    let head2 = FeatureHead::load(&path, &target).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(
+        (head2.w1.clone(), head2.w2.clone()),
+        (head.w1.clone(), head.w2.clone())
+    );
+    assert_eq!(
+        (head2.b1.clone(), head2.b2.clone(), head2.ids.clone()),
+        (head.b1, head.b2, head.ids)
+    );
+    let mut nodes = 0;
+    for (seed, shape) in shapes().into_iter().enumerate() {
+        let prompt: Vec<u32> = (0..7)
+            .map(|i| 3 + (i * 11 + seed as u32 * 19) % 90)
+            .collect();
+        let reference = greedy(&target, &lane, &prompt, 16);
+        let mut dr = Recording {
+            inner: FeatureDrafter::new(&target, head2.clone(), 0.0).unwrap(),
+            last: None,
+            seen: vec![],
+        };
+        let out = spec_generate(
+            &target,
+            &lane,
+            None,
+            &mut dr,
+            &prompt,
+            &SpecConfig {
+                max_tokens: 16,
+                sampling: SamplingParams::default(),
+                shape,
+                stop_ids: vec![],
+                exit: None,
+                probe_log: None,
+                fixed_cost: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(out.tokens, reference.tokens);
+        nodes += out.tree_nodes;
+        assert_eq!(
+            dr.seen.len(),
+            out.verify_passes,
+            "a feature before every tree"
+        );
+        // Each recorded feature is the target's at the position before the root.
+        for (ctx, f) in &dr.seen {
+            let n = ctx.len() - 1;
+            let pos: Vec<u32> = (0..n as u32).collect();
+            let o = target
+                .forward(
+                    &ForwardRequest {
+                        tokens: &ctx[..n],
+                        positions: &pos,
+                        mask: AttnMask::Causal,
+                        kv_write: KvWrite::None,
+                        logits: LogitRows::Last,
+                    },
+                    &mut target.new_cache(),
+                )
+                .unwrap();
+            for (a, b) in o.features.iter().zip(f) {
+                assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{a} vs {b}");
+            }
+            assert_eq!(o.features.len(), d);
+        }
+    }
+    assert!(nodes > 0, "the feature drafter drafted nothing");
+}

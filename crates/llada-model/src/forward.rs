@@ -104,6 +104,11 @@ pub struct ForwardOutput {
     /// Batch row index of each logits row.
     pub rows: Vec<usize>,
     pub vocab: usize,
+    /// `rows.len() × d_model`: the final features of the same rows — the last hidden state
+    /// after the final RMSNorm, what the LM head multiplies (with a tied head, `logits_t =
+    /// ⟨feature, E_t⟩`). Read by drafters that draft from the target's own features
+    /// (`speculative::featdraft`). Empty for [`Model::forward_hidden`].
+    pub features: Vec<f32>,
 }
 
 impl ForwardOutput {
@@ -563,6 +568,7 @@ impl Model {
                         .collect(),
                     rows: logit_rows.iter().map(|&r| alive[r]).collect(),
                     vocab: d,
+                    features: vec![],
                 });
             }
             let vocab = c.vocab;
@@ -611,6 +617,7 @@ impl Model {
                     logits: vec![],
                     rows: vec![],
                     vocab,
+                    features: vec![],
                 });
             }
             if let Some(map) = &w.vocab_map {
@@ -620,6 +627,7 @@ impl Model {
                 logits,
                 rows: out_rows,
                 vocab,
+                features: h,
             })
         })
     }

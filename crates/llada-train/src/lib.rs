@@ -10,7 +10,9 @@
 //!   and next-token prediction;
 //! * [`prose`]: prose corpora (Austen, KJV) tokenized by a BPE trained with `tokenizers`, or by
 //!   SmolLM2's tokenizer for the draft; random windows with a held-out tail;
+//! * [`featdraft`]: the head of a drafter that reads the target's own features;
 //! * [`trainer`]: AdamW loop with progress bar, seeded and resumable, saving HF directories.
+pub mod featdraft;
 pub mod model;
 pub mod objective;
 pub mod ops;

@@ -352,6 +352,13 @@ pub fn generate(
             "empty prompt, or zero batch / verify length".into(),
         ));
     }
+    if drafter.wants_features() {
+        // The draft lane drafts past unverified tokens, for which the target has no features.
+        return Err(ModelError::BadRequest(format!(
+            "the {} drafter reads the target's features, which AHASD's draft lane does not get; use it with --tree chain|topk|lever",
+            drafter.name()
+        )));
+    }
     let t0 = Instant::now();
     let mut cache = target.new_cache();
     super::append_context(target, verify_lane, &mut cache, &prompt[..prompt.len() - 1])?;

@@ -25,6 +25,15 @@ pub trait Drafter: Send {
         node: Option<usize>,
         k: usize,
     ) -> Result<Proposal, ModelError>;
+    /// Whether this drafter reads the target's features ([`Drafter::observe_feature`]); the
+    /// engine then asks the prefill for its last row's feature too.
+    fn wants_features(&self) -> bool {
+        false
+    }
+    /// The target's final feature ([`llada_model::ForwardOutput::features`]) of the row whose
+    /// logits chose the pending root — after the prefill and after every verification. Only
+    /// drafters that draft from the target's features ([`super::featdraft`]) keep it.
+    fn observe_feature(&mut self, _feature: &[f32]) {}
 }
 
 /// How the tree is grown.
@@ -204,6 +213,12 @@ const HYBRID_MIN_NGRAM: f32 = 0.5;
 impl Drafter for HybridDrafter<'_> {
     fn name(&self) -> String {
         format!("ngram+{}", self.inner.name())
+    }
+    fn wants_features(&self) -> bool {
+        self.inner.wants_features()
+    }
+    fn observe_feature(&mut self, feature: &[f32]) {
+        self.inner.observe_feature(feature)
     }
     fn propose(
         &mut self,

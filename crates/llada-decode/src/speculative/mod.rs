@@ -5,12 +5,14 @@
 //! * [`tree`]: trees, their masks, calibration and Lever's cost model;
 //! * [`drafter`]: the `Drafter` trait (draft model, n-gram) and tree growth (chain, top-k,
 //!   cost-aware);
+//! * [`featdraft`]: a drafter reading the target's own features;
 //! * [`accept`]: the acceptance rules;
 //! * [`ahasd`]: asynchronous draft/verify lanes with the EDC and TVC gates.
 
 pub mod accept;
 pub mod ahasd;
 pub mod drafter;
+pub mod featdraft;
 pub mod prune;
 pub mod selfdraft;
 pub mod tree;
@@ -94,8 +96,15 @@ pub fn generate(
     let mut out = SpecOutput::default();
     let mut cache = target.new_cache();
     let mut ctx: Vec<u32> = prompt.to_vec();
-    // Prefill all but the last prompt token: the last one is the root of every tree.
-    append_context(target, dense, &mut cache, &ctx[..ctx.len() - 1])?;
+    // Prefill all but the last prompt token: the last one is the root of every tree. A drafter
+    // that reads the target's features gets the last prefill row's (the row that chose the
+    // root).
+    if drafter.wants_features() && ctx.len() > 1 {
+        let f = prefill_feature(target, dense, &mut cache, &ctx[..ctx.len() - 1])?;
+        drafter.observe_feature(&f);
+    } else {
+        append_context(target, dense, &mut cache, &ctx[..ctx.len() - 1])?;
+    }
     out.prefill_s = t0.elapsed().as_secs_f64();
     let sampler = Sampler::new(cfg.sampling);
     let mut cal = Calibration::default();
@@ -274,6 +283,14 @@ pub fn generate(
                 cal.observe(tree.q[j], acc.path.contains(&j));
             }
         }
+        // The feature of the row that chose the bonus token (the next root).
+        if drafter.wants_features() {
+            let i = vrow[acc.path.last().map_or(0, |&j| j + 1)];
+            let d = target.config.d_model;
+            if let Some(f) = vout.features.get(i * d..(i + 1) * d) {
+                drafter.observe_feature(f);
+            }
+        }
         // KV rollback: keep the root and the accepted path, compacted, drop the rest.
         for (k, &j) in acc.path.iter().enumerate() {
             cache.move_slot(base + 1 + orig[j], base + 1 + k);
@@ -336,6 +353,30 @@ pub(crate) fn append_context(
         )
     })?;
     Ok(())
+}
+
+/// [`append_context`], also returning the last row's final feature.
+pub(crate) fn prefill_feature(
+    model: &Model,
+    lane: &Lane,
+    cache: &mut llada_runtime::KvCache,
+    tokens: &[u32],
+) -> Result<Vec<f32>, ModelError> {
+    let p0 = cache.len() as u32;
+    let pos: Vec<u32> = (p0..p0 + tokens.len() as u32).collect();
+    let out = lane.run(|| {
+        model.forward(
+            &ForwardRequest {
+                tokens,
+                positions: &pos,
+                mask: AttnMask::Causal,
+                kv_write: KvWrite::Append,
+                logits: LogitRows::Last,
+            },
+            cache,
+        )
+    })?;
+    Ok(out.features)
 }
 
 /// A least-squares line `y = mean_y + slope · (x − mean_x)`: callers clamp the slope, then
