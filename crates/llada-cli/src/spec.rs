@@ -21,8 +21,10 @@ use std::path::PathBuf;
 pub struct SpecArgs {
     /// Drafter: `ngram` (prompt lookup, no model), a draft model (path or alias) sharing the
     /// target's token ids, e.g. models/smollm2-draft, or `self` / `self:HEAD.safetensors`
-    /// (the target's first layers plus a head from `llada train-self-draft`); `ngram+SOURCE`
-    /// merges prompt lookup into SOURCE's proposals (e.g. `ngram+models/smollm2-draft`).
+    /// (the target's first layers plus a head from `llada train-self-draft`), or `feature` /
+    /// `feature:HEAD.safetensors` (a small network drafting from the target's own final
+    /// features, from `llada train-feature-draft`; not with --ahasd); `ngram+SOURCE` merges
+    /// prompt lookup into SOURCE's proposals (e.g. `ngram+models/smollm2-draft`).
     #[arg(long, default_value = "ngram")]
     pub draft: String,
     /// Requantize a draft model's matrices at load: q8_0 (default: a quarter of the f32 bytes
@@ -105,13 +107,15 @@ impl SpecArgs {
 }
 
 /// A loaded drafter: the n-gram drafter, a draft model (kept alive for the borrow), the
-/// target's own first layers with a trained head (`self`, `self:PATH`), or any of those with
-/// prompt lookup merged in (`ngram+SOURCE`, e.g. `ngram+models/smollm2-draft`).
+/// target's own first layers with a trained head (`self`, `self:PATH`), a head drafting from
+/// the target's features (`feature`, `feature:PATH`), or any of those with prompt lookup merged
+/// in (`ngram+SOURCE`, e.g. `ngram+models/smollm2-draft`).
 pub enum DraftSource {
     Ngram,
     Model(Box<Model>),
     SelfDraft(SelfHead),
-    Feature(FeatureHead),
+    /// The head and the matrix type its matrices are computed in.
+    Feature(FeatureHead, Option<GgmlType>),
     Hybrid(Box<DraftSource>),
 }
 
@@ -160,7 +164,7 @@ impl DraftSource {
             let p = std::path::Path::new(name.strip_prefix("feature:").unwrap_or(FEATURE_HEAD));
             let head = FeatureHead::load(p, target)
                 .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
-            return Ok(Self::Feature(head));
+            return Ok(Self::Feature(head, quant));
         }
         let path = crate::models::resolve(name, true)?;
         let m = Model::load(
@@ -185,7 +189,7 @@ impl DraftSource {
     /// Whether the drafter drafts from the target's features (not on AHASD's draft lane).
     pub fn reads_features(&self) -> bool {
         match self {
-            Self::Feature(_) => true,
+            Self::Feature(..) => true,
             Self::Hybrid(inner) => inner.reads_features(),
             _ => false,
         }
@@ -224,7 +228,9 @@ impl DraftSource {
             Self::Ngram => Box::new(NgramDrafter),
             Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
             Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
-            Self::Feature(h) => Box::new(FeatureDrafter::new(target, h.clone(), temperature)?),
+            Self::Feature(h, q) => {
+                Box::new(FeatureDrafter::new(target, h.clone(), temperature, *q)?)
+            }
             Self::Hybrid(inner) => Box::new(HybridDrafter {
                 inner: inner.drafter(target, lane, temperature)?,
             }),
@@ -338,7 +344,8 @@ pub struct SpecBenchArgs {
     /// Target model (alias, GGUF or HF directory).
     #[arg(long, default_value = "smollm2")]
     target: String,
-    /// Drafters to compare (`ngram`, draft model paths, `self`, `ngram+SOURCE`).
+    /// Drafters to compare (`ngram`, draft model paths, `self`, `feature`, `ngram+SOURCE`;
+    /// feature drafters skip the AHASD configurations).
     #[arg(long, value_delimiter = ',', default_value = "ngram")]
     drafts: Vec<String>,
     /// Requantize draft models' matrices at load (as `generate --draft-quantize`).
@@ -1229,7 +1236,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     let draft_dir = match &src {
         DraftSource::Ngram
         | DraftSource::SelfDraft(_)
-        | DraftSource::Feature(_)
+        | DraftSource::Feature(..)
         | DraftSource::Hybrid(_) => {
             bail!(
                 "the probe ships with a draft model directory, not `{}`",
@@ -1604,7 +1611,7 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     // the target's feature one position back (what it gets after a verification), against
     // the target's argmax.
     let (hfeats, hbest) = target_features(&target, &lane, &held, "held-out features")?;
-    let mut fd = FeatureDrafter::new(&target, head, 0.0)?;
+    let mut fd = FeatureDrafter::new(&target, head, 0.0, draft_quant(DRAFT_QUANT)?)?;
     let other = match &a.compare {
         Some(name) => Some(DraftSource::load(name, &target, Some(GgmlType::Q8_0))?),
         None => None,

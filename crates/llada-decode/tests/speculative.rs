@@ -645,7 +645,7 @@ fn a_feature_head_without_update_proposes_the_targets_distribution() {
     assert_eq!(out.features.len(), 4 * d);
     let mut p = out.row(3).to_vec();
     softmax(&mut p);
-    let mut dr = FeatureDrafter::new(&target, zero, 0.0).unwrap();
+    let mut dr = FeatureDrafter::new(&target, zero, 0.0, None).unwrap();
     dr.observe_feature(&out.features[3 * d..]);
     let prop = dr.propose(&prompt, &DraftTree::default(), None, 3).unwrap();
     let full = prop.full.unwrap();
@@ -725,7 +725,14 @@ fn feature_drafting_is_lossless_and_sees_the_right_features() {
             .collect();
         let reference = greedy(&target, &lane, &prompt, 16);
         let mut dr = Recording {
-            inner: FeatureDrafter::new(&target, head2.clone(), 0.0).unwrap(),
+            // f32 for the first shape, Q8_0 (the CLI's default) for the others.
+            inner: FeatureDrafter::new(
+                &target,
+                head2.clone(),
+                0.0,
+                (seed > 0).then_some(llada_kernels::GgmlType::Q8_0),
+            )
+            .unwrap(),
             last: None,
             seen: vec![],
         };
@@ -776,4 +783,49 @@ fn feature_drafting_is_lossless_and_sees_the_right_features() {
         }
     }
     assert!(nodes > 0, "the feature drafter drafted nothing");
+}
+
+/// The drafter's proposals follow [`FeatureHead::step`] (the documented formula, checked by
+/// hand in its unit test) applied along the path: after the root and after a drafted node.
+#[test]
+fn feature_drafter_proposals_follow_the_head() {
+    use llada_decode::speculative::featdraft::{embed, FeatureDrafter};
+    use llada_decode::speculative::tree::DraftTree;
+    let target = load("hf-llama");
+    let d = target.config.d_model;
+    let head = fixture_feature_head(&target);
+    let mut dr = FeatureDrafter::new(&target, head.clone(), 0.0, None).unwrap();
+    let f0: Vec<f32> = (0..d).map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0).collect();
+    dr.observe_feature(&f0);
+    let context = [4u32, 8, 15];
+    let expect = |f: &[f32]| -> Vec<f32> {
+        let mut l: Vec<f32> = head
+            .ids
+            .iter()
+            .map(|&t| {
+                let mut e = vec![0f32; d];
+                embed(&target, t, &mut e).unwrap();
+                e.iter().zip(f).map(|(a, b)| a * b).sum()
+            })
+            .collect();
+        softmax(&mut l);
+        l
+    };
+    let close = |a: &[f32], b: &[f32]| {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+        }
+    };
+    let mut e = vec![0f32; d];
+    embed(&target, 15, &mut e).unwrap();
+    let f1 = head.step(&f0, &e);
+    let mut tree = DraftTree::default();
+    let p = dr.propose(&context, &tree, None, 2).unwrap();
+    close(&p.full.clone().unwrap(), &expect(&f1));
+    // A child of the root: one more step on the drafter's own feature.
+    let tok = p.top[0].0;
+    tree.push(None, tok, p.top[0].1, 1.0);
+    let p2 = dr.propose(&context, &tree, Some(0), 2).unwrap();
+    embed(&target, tok, &mut e).unwrap();
+    close(&p2.full.unwrap(), &expect(&head.step(&f1, &e)));
 }

@@ -105,7 +105,7 @@ pub fn fit(
         opts.batch
     );
     ensure!(
-        rows.len() % d == 0 && !rows.is_empty(),
+        rows.len().is_multiple_of(d) && !rows.is_empty(),
         "bad embedding rows"
     );
     let k = rows.len() / d;

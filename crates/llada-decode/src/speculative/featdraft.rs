@@ -14,7 +14,8 @@
 //! and applies itself again to its own `f̂` for deeper nodes. No layer of the target runs and
 //! no KV cache is kept: under a memory budget nothing of the drafter is streamed, and a drafted
 //! token costs `2d·H + H·d + K·d` MACs (SmolLM2-135M, H = 1536, K = 8192: 7.4 M, 18x fewer
-//! than the target's 135 M). Trained by `llada train-feature-draft` on the target's features
+//! than the target's 135 M), with its three matrices quantized like a draft model's (Q8_0 by
+//! default: 7.8 MB). Trained by `llada train-feature-draft` on the target's features
 //! over training-split prose (cross-entropy against the target's argmax one position later,
 //! plus the squared error of the predicted feature).
 //!
@@ -23,6 +24,8 @@
 
 use super::drafter::{proposal, Drafter, Proposal};
 use super::tree::DraftTree;
+use llada_kernels::GgmlType;
+use llada_model::weights::Linear;
 use llada_model::{Model, ModelError};
 use std::path::Path;
 
@@ -149,9 +152,15 @@ impl FeatureHead {
 /// The feature drafter.
 pub struct FeatureDrafter<'m> {
     target: &'m Model,
-    head: FeatureHead,
-    /// Embedding rows of `head.ids`, `K × d` (dequantized once).
-    rows: Vec<f32>,
+    d: usize,
+    ids: Vec<u32>,
+    /// `W₁` (`H × 2d`), `W₂ᵀ` (`d × H`) and the embedding rows of the ids (`K × d`) as the
+    /// engine's matrices: quantized like a draft model's (`--draft-quantize`), or f32.
+    l1: Linear,
+    b1: Vec<f32>,
+    l2: Linear,
+    b2: Vec<f32>,
+    rows: Linear,
     /// The target's feature of the row that chose the pending root (`None` before the first).
     observed: Option<Vec<f32>>,
     /// Predicted feature after the root (index 0) and after each node of the current tree
@@ -161,7 +170,13 @@ pub struct FeatureDrafter<'m> {
 }
 
 impl<'m> FeatureDrafter<'m> {
-    pub fn new(target: &'m Model, head: FeatureHead, temperature: f32) -> Result<Self, ModelError> {
+    /// `quant`: matrix type of the head's three matrices (`None`: f32).
+    pub fn new(
+        target: &'m Model,
+        head: FeatureHead,
+        temperature: f32,
+        quant: Option<GgmlType>,
+    ) -> Result<Self, ModelError> {
         let d = target.config.d_model;
         if head.d != d {
             return Err(ModelError::BadRequest(format!(
@@ -169,18 +184,50 @@ impl<'m> FeatureDrafter<'m> {
                 head.d
             )));
         }
+        let h = head.hidden;
         let mut rows = vec![0f32; head.ids.len() * d];
         for (r, &t) in rows.chunks_exact_mut(d).zip(&head.ids) {
             embed(target, t, r)?;
         }
+        let mut w2t = vec![0f32; d * h];
+        for (k, row) in head.w2.chunks_exact(d).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                w2t[j * h + k] = v;
+            }
+        }
         Ok(Self {
             target,
-            head,
-            rows,
+            d,
+            l1: Linear::from_f32(head.w1, h, 2 * d, quant)?,
+            b1: head.b1,
+            l2: Linear::from_f32(w2t, d, h, quant)?,
+            b2: head.b2,
+            rows: Linear::from_f32(rows, head.ids.len(), d, quant)?,
+            ids: head.ids,
             observed: None,
             memo: vec![],
             temperature,
         })
+    }
+
+    /// [`FeatureHead::step`] through the engine's matrices.
+    fn step(&self, f: &[f32], e: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let z: Vec<f32> = f.iter().chain(e).copied().collect();
+        let a = self.l1.forward(&z, &mut None, 1, -1, "feature_w1")?;
+        let s: Vec<f32> = a
+            .iter()
+            .zip(&self.b1)
+            .map(|(a, b)| {
+                let a = a + b;
+                a / (1.0 + (-a).exp())
+            })
+            .collect();
+        let u = self.l2.forward(&s, &mut None, 1, -1, "feature_w2")?;
+        Ok(f.iter()
+            .zip(&u)
+            .zip(&self.b2)
+            .map(|((f, u), b)| f + u + b)
+            .collect())
     }
 
     /// Predicted feature after `node` (`None`: after the root), from the memo or computed
@@ -205,9 +252,9 @@ impl<'m> FeatureDrafter<'m> {
                 None => return Ok(None),
             },
         };
-        let mut e = vec![0f32; self.head.d];
+        let mut e = vec![0f32; self.d];
         embed(self.target, tok, &mut e)?;
-        let f = self.head.step(&prev, &e);
+        let f = self.step(&prev, &e)?;
         if self.memo.len() <= idx {
             self.memo.resize(idx + 1, None);
         }
@@ -230,7 +277,7 @@ impl Drafter for FeatureDrafter<'_> {
         true
     }
     fn observe_feature(&mut self, feature: &[f32]) {
-        self.observed = (feature.len() == self.head.d).then(|| feature.to_vec());
+        self.observed = (feature.len() == self.d).then(|| feature.to_vec());
         self.memo.clear();
     }
     fn propose(
@@ -250,14 +297,10 @@ impl Drafter for FeatureDrafter<'_> {
         let Some(f) = self.feature(root, tree, node)? else {
             return Ok(Proposal::default());
         };
-        let logits: Vec<f32> = self
-            .rows
-            .chunks_exact(self.head.d)
-            .map(|e| llada_kernels::vecops::dot(&f, e))
-            .collect();
+        let logits = self.rows.forward(&f, &mut None, 1, -1, "feature_head")?;
         Ok(proposal(
             logits,
-            Some(&self.head.ids),
+            Some(&self.ids),
             self.target.config.vocab,
             k,
             self.temperature,
