@@ -5,7 +5,7 @@ use clap::Args;
 use llada_decode::speculative::drafter::{
     Drafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape,
 };
-use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead, FeatureModel};
 use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
 use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter, SelfHead};
 use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
@@ -114,8 +114,8 @@ pub enum DraftSource {
     Ngram,
     Model(Box<Model>),
     SelfDraft(SelfHead),
-    /// The head and the matrix type its matrices are computed in.
-    Feature(FeatureHead, Option<GgmlType>),
+    /// A feature head, its matrices built (and counted as the drafter's weights) at load.
+    Feature(Box<FeatureModel>),
     Hybrid(Box<DraftSource>),
 }
 
@@ -164,7 +164,9 @@ impl DraftSource {
             let p = std::path::Path::new(name.strip_prefix("feature:").unwrap_or(FEATURE_HEAD));
             let head = FeatureHead::load(p, target)
                 .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
-            return Ok(Self::Feature(head, quant));
+            return Ok(Self::Feature(Box::new(FeatureModel::new(
+                target, head, quant,
+            )?)));
         }
         let path = crate::models::resolve(name, true)?;
         let m = Model::load(
@@ -228,9 +230,7 @@ impl DraftSource {
             Self::Ngram => Box::new(NgramDrafter),
             Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
             Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
-            Self::Feature(h, q) => {
-                Box::new(FeatureDrafter::new(target, h.clone(), temperature, *q)?)
-            }
+            Self::Feature(m) => Box::new(FeatureDrafter::new(target, m, temperature)),
             Self::Hybrid(inner) => Box::new(HybridDrafter {
                 inner: inner.drafter(target, lane, temperature)?,
             }),
@@ -1427,10 +1427,15 @@ pub struct TrainFeatureDraftArgs {
     /// Target model (alias, GGUF or HF directory).
     #[arg(long, default_value = "smollm2")]
     target: String,
-    /// Training windows of 128 tokens from the Austen + KJV training split (the target runs
-    /// one causal pass over each to record its features).
+    /// Training windows of 128 tokens from the Austen + KJV training split (see --source; the
+    /// target runs one causal pass over each to record its features, cached in data/).
     #[arg(long, default_value_t = 1536)]
     windows: usize,
+    /// Where the training windows come from: `corpus` (training-split prose), `generated`
+    /// (the target continues each window's first 32 tokens greedily, as raw text or inside a
+    /// chat request: the text speculation meets) or `mixed` (every other window written).
+    #[arg(long, default_value = "mixed", value_parser = ["corpus", "generated", "mixed"])]
+    source: String,
     /// Held-out windows for the agreement report.
     #[arg(long, default_value_t = 64)]
     held_out: usize,
@@ -1450,6 +1455,10 @@ pub struct TrainFeatureDraftArgs {
     /// Weight of the feature regression term beside the cross-entropy.
     #[arg(long, default_value_t = 0.1)]
     feature_weight: f64,
+    /// Steps the head is trained to take in a row, from the second on from its own predicted
+    /// feature (as deeper tree nodes do).
+    #[arg(long, default_value_t = 1)]
+    unroll: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Also report a draft model's agreement on the same held-out positions (e.g.
@@ -1463,44 +1472,6 @@ pub struct TrainFeatureDraftArgs {
     threads: Option<usize>,
 }
 
-/// Causal passes of `target` over `windows`: each position's final feature (`n·T × d`) and
-/// the target's argmax there.
-fn target_features(
-    target: &Model,
-    lane: &Lane,
-    windows: &[Vec<u32>],
-    what: &str,
-) -> Result<(Vec<f32>, Vec<u32>)> {
-    let pb = indicatif::ProgressBar::new(windows.len() as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}} < {{eta_precise}}] {what}"
-        ))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let (mut feats, mut best) = (vec![], vec![]);
-    for w in windows {
-        let pos: Vec<u32> = (0..w.len() as u32).collect();
-        let out = lane.run(|| {
-            target.forward(
-                &llada_model::ForwardRequest {
-                    tokens: w,
-                    positions: &pos,
-                    mask: llada_model::AttnMask::Causal,
-                    kv_write: llada_model::KvWrite::None,
-                    logits: llada_model::LogitRows::All,
-                },
-                &mut target.new_cache(),
-            )
-        })?;
-        feats.extend_from_slice(&out.features);
-        best.extend((0..w.len()).map(|r| llada_decode::sampling::argmax(out.row(r))));
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    Ok((feats, best))
-}
-
 pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     use llada_decode::speculative::featdraft::embed;
     let t0 = std::time::Instant::now();
@@ -1510,6 +1481,9 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     if a.windows == 0 || a.vocab == 0 || a.hidden == 0 || a.batch == 0 || a.epochs <= 0.0 {
         bail!("--windows, --vocab, --hidden, --batch and --epochs must be positive");
     }
+    if !(1..64).contains(&a.unroll) {
+        bail!("--unroll must be between 1 and 63");
+    }
     let tok = target
         .tokenizer
         .as_ref()
@@ -1518,12 +1492,12 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-    let windows = corpus.windows(false, a.windows, 128, &mut rng);
+    let windows = crate::zoo::feature_windows(&a.target, &corpus.train, a.windows, 128, &a.source)?;
     let held = corpus.windows(true, a.held_out.max(1), 128, &mut rng);
     let lane = Lane::new("dense", crate::threads_or_all(a.threads))?;
     let d = target.config.d_model;
     let (feats, best) =
-        target_features(&target, &lane, &windows, "recording the target's features")?;
+        crate::zoo::record_features(&a.target, &windows, "recording the target's features")?;
     // The head's ids: the most frequent target choices and input tokens of the windows.
     let vocab = target.config.vocab;
     let mut count = vec![0u64; vocab];
@@ -1543,37 +1517,25 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     for (r, &t) in rows.chunks_exact_mut(d).zip(&ids) {
         embed(&target, t, r)?;
     }
-    // Examples: (f_t, x_{t+1}) -> (f_{t+1}, y_{t+1}) inside each window.
-    let mut data = llada_train::featdraft::FeatureData {
-        d,
-        inputs: vec![],
-        next: vec![],
-        label: vec![],
-    };
-    let mut e = vec![0f32; d];
-    let mut off = 0;
-    for w in &windows {
-        for t in 0..w.len().saturating_sub(1) {
-            let (r0, r1) = (off + t, off + t + 1);
-            let lab = index[best[r1] as usize];
-            if lab == u32::MAX {
-                continue;
-            }
-            embed(&target, w[t + 1], &mut e)?;
-            data.inputs.extend_from_slice(&feats[r0 * d..(r0 + 1) * d]);
-            data.inputs.extend_from_slice(&e);
-            data.next.extend_from_slice(&feats[r1 * d..(r1 + 1) * d]);
-            data.label.push(lab);
-        }
-        off += w.len();
+    // Every position: its feature, its token's embedding row, the target's choice there.
+    let mut embeds = vec![0f32; feats.len()];
+    for (e, &t) in embeds.chunks_exact_mut(d).zip(windows.iter().flatten()) {
+        embed(&target, t, e)?;
     }
-    drop(feats);
+    let data = llada_train::featdraft::FeatureData {
+        d,
+        window: 128,
+        feats,
+        embeds,
+        labels: best.iter().map(|&y| index[y as usize]).collect(),
+    };
     let opts = llada_train::featdraft::FitOptions {
         hidden: a.hidden,
         epochs: a.epochs,
         batch: a.batch,
         lr: a.lr,
         feature_weight: a.feature_weight,
+        unroll: a.unroll,
         seed: a.seed,
     };
     let pb = indicatif::ProgressBar::new(1);
@@ -1589,6 +1551,10 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
             pb.set_length(n as u64);
             pb.set_position(s as u64);
             pb.set_message(format!("training the feature head, cross-entropy {ce:.3}"));
+            // A log line now and then too (the bar is hidden when stderr is not a terminal).
+            if s % 500 == 1 || s == n {
+                pb.suspend(|| eprintln!("step {s}/{n}: cross-entropy {ce:.3}"));
+            }
         })
     })?;
     pb.finish_and_clear();
@@ -1610,8 +1576,9 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     // Held-out agreement: the drafter's first proposal after each held-out position, given
     // the target's feature one position back (what it gets after a verification), against
     // the target's argmax.
-    let (hfeats, hbest) = target_features(&target, &lane, &held, "held-out features")?;
-    let mut fd = FeatureDrafter::new(&target, head, 0.0, draft_quant(DRAFT_QUANT)?)?;
+    let (hfeats, hbest) = crate::zoo::record_features(&a.target, &held, "held-out features")?;
+    let fm = FeatureModel::new(&target, head, draft_quant(DRAFT_QUANT)?)?;
+    let mut fd = FeatureDrafter::new(&target, &fm, 0.0);
     let other = match &a.compare {
         Some(name) => Some(DraftSource::load(name, &target, Some(GgmlType::Q8_0))?),
         None => None,

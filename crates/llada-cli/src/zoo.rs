@@ -892,6 +892,79 @@ type Hard = Vec<(Vec<u32>, Vec<u32>)>;
 /// their probabilities renormalised over those `k`.
 type Soft = Vec<(Vec<u32>, Vec<f32>)>;
 
+/// Windows of `t` tokens for `llada train-feature-draft`, made as distillation windows are
+/// (`source` as `--distill-source`: `corpus`, `generated` or `mixed`, every other one written):
+/// spread over the training split, those the source says written by the target greedily
+/// from their first 32 tokens (cached with their labels in `data/`, as distillation's).
+pub(crate) fn feature_windows(
+    target: &str,
+    train: &[u32],
+    n: usize,
+    t: usize,
+    source: &str,
+) -> Result<Vec<Vec<u32>>> {
+    let source = Source::parse(source, None)?;
+    let windows = Source::windows(train, n, t)?;
+    if source == Source::Corpus {
+        return Ok(windows);
+    }
+    let (hard, _) = label_windows(target, &windows, t, source, 0, std::path::Path::new("data"))?;
+    Ok(hard.into_iter().map(|(x, _)| x).collect())
+}
+
+const FEATURE_MAGIC: u32 = 0x5446_4453;
+
+/// The target's final feature at every position of `windows` (`n·t × d`, one causal pass per
+/// window, one worker per thread) and its argmax there, for `llada train-feature-draft`.
+/// Cached in `data/features-TARGET-NxT.bin` (magic, n, t, d, the windows' tokens, the
+/// argmaxes, the features as f32 bits), used only if it holds exactly these windows.
+pub(crate) fn record_features(
+    target: &str,
+    windows: &[Vec<u32>],
+    what: &'static str,
+) -> Result<(Vec<f32>, Vec<u32>)> {
+    let n = windows.len();
+    let t = windows.first().map_or(0, Vec::len);
+    if windows.iter().any(|w| w.len() != t) {
+        bail!("feature windows must have one length");
+    }
+    let cache =
+        std::path::Path::new("data").join(format!("features-{}-{n}x{t}.bin", file_stem(target)));
+    if let Some(w) = read_words(&cache) {
+        let d = w.get(3).copied().unwrap_or(0) as usize;
+        let ok = w.len() == 4 + 2 * n * t + n * t * d
+            && w[..3] == [FEATURE_MAGIC, n as u32, t as u32]
+            && w[4..4 + n * t].iter().eq(windows.iter().flatten());
+        if ok {
+            eprintln!("{what}: {} (cached)", cache.display());
+            let best = w[4 + n * t..4 + 2 * n * t].to_vec();
+            let feats = w[4 + 2 * n * t..]
+                .iter()
+                .map(|&b| f32::from_bits(b))
+                .collect();
+            return Ok((feats, best));
+        }
+    }
+    let l = Labeller::load(target, n, what)?;
+    let per = l.map(n, |model, lane, i| {
+        let out = causal_logits(model, lane, &windows[i])?;
+        Ok((out.features.clone(), argmax_rows(&out, t)))
+    })?;
+    let d = per.first().map_or(0, |p| p.0.len() / t.max(1));
+    let mut feats = Vec::with_capacity(n * t * d);
+    let mut best = Vec::with_capacity(n * t);
+    for (f, b) in per {
+        feats.extend(f);
+        best.extend(b);
+    }
+    let mut w: Vec<u32> = vec![FEATURE_MAGIC, n as u32, t as u32, d as u32];
+    w.extend(windows.iter().flatten());
+    w.extend(&best);
+    w.extend(feats.iter().map(|v| v.to_bits()));
+    write_words(&cache, &w)?;
+    Ok((feats, best))
+}
+
 const HARD_MAGIC: u32 = 0x4c4c_4453;
 const SOFT_MAGIC: u32 = 0x4b4c_4453;
 
@@ -1745,13 +1818,14 @@ fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Re
 /// of a window lacks: it is counted as a miss.
 fn eval_feature_draft(a: &EvalArgs, lane: &Lane, target_name: &str) -> Result<()> {
     use llada_decode::speculative::drafter::Drafter;
-    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead, FeatureModel};
     use llada_decode::speculative::tree::DraftTree;
     let tpath = crate::models::resolve(target_name, a.json)?;
     let target = Model::load(&tpath, &LoadOptions::default())?;
     let head = FeatureHead::load(&a.model, &target).map_err(anyhow::Error::msg)?;
     let quant = crate::spec::draft_quant(crate::spec::DRAFT_QUANT)?;
-    let mut dr = FeatureDrafter::new(&target, head, 0.0, quant)?;
+    let fm = FeatureModel::new(&target, head, quant)?;
+    let mut dr = FeatureDrafter::new(&target, &fm, 0.0);
     let d = target.config.d_model;
     let tok = target
         .tokenizer

@@ -615,7 +615,7 @@ fn fixture_feature_head(target: &Model) -> llada_decode::speculative::featdraft:
 /// at the row that chose the root.
 #[test]
 fn a_feature_head_without_update_proposes_the_targets_distribution() {
-    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead, FeatureModel};
     use llada_decode::speculative::tree::DraftTree;
     let target = load("hf-llama"); // tied embeddings
     let (d, v) = (target.config.d_model, target.config.vocab);
@@ -645,7 +645,8 @@ fn a_feature_head_without_update_proposes_the_targets_distribution() {
     assert_eq!(out.features.len(), 4 * d);
     let mut p = out.row(3).to_vec();
     softmax(&mut p);
-    let mut dr = FeatureDrafter::new(&target, zero, 0.0, None).unwrap();
+    let model = FeatureModel::new(&target, zero, None).unwrap();
+    let mut dr = FeatureDrafter::new(&target, &model, 0.0);
     dr.observe_feature(&out.features[3 * d..]);
     let prop = dr.propose(&prompt, &DraftTree::default(), None, 3).unwrap();
     let full = prop.full.unwrap();
@@ -664,7 +665,7 @@ fn a_feature_head_without_update_proposes_the_targets_distribution() {
 #[test]
 fn feature_drafting_is_lossless_and_sees_the_right_features() {
     use llada_decode::speculative::drafter::Proposal;
-    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead};
+    use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead, FeatureModel};
     use llada_decode::speculative::tree::DraftTree;
     use llada_model::ModelError;
 
@@ -710,14 +711,21 @@ fn feature_drafting_is_lossless_and_sees_the_right_features() {
     head.save(&path).unwrap();
     let head2 = FeatureHead::load(&path, &target).unwrap();
     let _ = std::fs::remove_file(&path);
+    // Stored in f16.
+    let f16 =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect() };
+    assert_eq!(head2.w1, f16(&head.w1));
+    assert_eq!(head2.w2, f16(&head.w2));
     assert_eq!(
-        (head2.w1.clone(), head2.w2.clone()),
-        (head.w1.clone(), head.w2.clone())
+        (head2.b1.clone(), head2.b2.clone()),
+        (f16(&head.b1), f16(&head.b2))
     );
-    assert_eq!(
-        (head2.b1.clone(), head2.b2.clone(), head2.ids.clone()),
-        (head.b1, head.b2, head.ids)
-    );
+    assert_eq!(head2.ids, head.ids);
+    // f32 for the first shape, Q8_0 (the CLI's default) for the others.
+    let models = [
+        FeatureModel::new(&target, head2.clone(), None).unwrap(),
+        FeatureModel::new(&target, head2.clone(), Some(llada_kernels::GgmlType::Q8_0)).unwrap(),
+    ];
     let mut nodes = 0;
     for (seed, shape) in shapes().into_iter().enumerate() {
         let prompt: Vec<u32> = (0..7)
@@ -725,14 +733,7 @@ fn feature_drafting_is_lossless_and_sees_the_right_features() {
             .collect();
         let reference = greedy(&target, &lane, &prompt, 16);
         let mut dr = Recording {
-            // f32 for the first shape, Q8_0 (the CLI's default) for the others.
-            inner: FeatureDrafter::new(
-                &target,
-                head2.clone(),
-                0.0,
-                (seed > 0).then_some(llada_kernels::GgmlType::Q8_0),
-            )
-            .unwrap(),
+            inner: FeatureDrafter::new(&target, &models[seed.min(1)], 0.0),
             last: None,
             seen: vec![],
         };
@@ -789,12 +790,13 @@ fn feature_drafting_is_lossless_and_sees_the_right_features() {
 /// hand in its unit test) applied along the path: after the root and after a drafted node.
 #[test]
 fn feature_drafter_proposals_follow_the_head() {
-    use llada_decode::speculative::featdraft::{embed, FeatureDrafter};
+    use llada_decode::speculative::featdraft::{embed, FeatureDrafter, FeatureModel};
     use llada_decode::speculative::tree::DraftTree;
     let target = load("hf-llama");
     let d = target.config.d_model;
     let head = fixture_feature_head(&target);
-    let mut dr = FeatureDrafter::new(&target, head.clone(), 0.0, None).unwrap();
+    let model = FeatureModel::new(&target, head.clone(), None).unwrap();
+    let mut dr = FeatureDrafter::new(&target, &model, 0.0);
     let f0: Vec<f32> = (0..d).map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0).collect();
     dr.observe_feature(&f0);
     let context = [4u32, 8, 15];

@@ -47,11 +47,16 @@ pub struct FeatureHead {
 }
 
 impl FeatureHead {
-    /// Save as safetensors (`w1` F32 `[H, 2d]`, `b1` `[H]`, `w2` `[H, d]`, `b2` `[d]`, `ids`
-    /// U32 `[K]`).
+    /// Save as safetensors, the matrices and biases in f16 (`w1` `[H, 2d]`, `b1` `[H]`, `w2`
+    /// `[H, d]`, `b2` `[d]`; the drafter computes in Q8_0 by default, below f16's precision)
+    /// and `ids` U32 `[K]`.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         use safetensors::tensor::{Dtype, TensorView};
-        let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let f = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect()
+        };
         let (w1, b1, w2, b2) = (f(&self.w1), f(&self.b1), f(&self.w2), f(&self.b2));
         let ids: Vec<u8> = self.ids.iter().flat_map(|v| v.to_le_bytes()).collect();
         let e = |e: safetensors::SafeTensorError| e.to_string();
@@ -59,14 +64,14 @@ impl FeatureHead {
         let views = vec![
             (
                 "w1",
-                TensorView::new(Dtype::F32, vec![h, 2 * d], &w1).map_err(e)?,
+                TensorView::new(Dtype::F16, vec![h, 2 * d], &w1).map_err(e)?,
             ),
-            ("b1", TensorView::new(Dtype::F32, vec![h], &b1).map_err(e)?),
+            ("b1", TensorView::new(Dtype::F16, vec![h], &b1).map_err(e)?),
             (
                 "w2",
-                TensorView::new(Dtype::F32, vec![h, d], &w2).map_err(e)?,
+                TensorView::new(Dtype::F16, vec![h, d], &w2).map_err(e)?,
             ),
-            ("b2", TensorView::new(Dtype::F32, vec![d], &b2).map_err(e)?),
+            ("b2", TensorView::new(Dtype::F16, vec![d], &b2).map_err(e)?),
             (
                 "ids",
                 TensorView::new(Dtype::U32, vec![self.ids.len()], &ids).map_err(e)?,
@@ -81,30 +86,46 @@ impl FeatureHead {
         let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        let get = |name: &str, dt: Dtype| -> Result<(Vec<usize>, Vec<u8>), String> {
-            let t = st
-                .tensor(name)
-                .map_err(|_| format!("{}: missing tensor {name}", path.display()))?;
-            if t.dtype() != dt {
-                return Err(format!(
-                    "{}: {name} is {:?}, want {dt:?}",
-                    path.display(),
-                    t.dtype()
-                ));
-            }
-            Ok((t.shape().to_vec(), t.data().to_vec()))
+        let get = |name: &str| -> Result<safetensors::tensor::TensorView<'_>, String> {
+            st.tensor(name)
+                .map_err(|_| format!("{}: missing tensor {name}", path.display()))
         };
-        let f32s = |b: &[u8]| -> Vec<f32> {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
+        // Matrices and biases in f16 (as saved) or f32.
+        let floats = |name: &str| -> Result<(Vec<usize>, Vec<f32>), String> {
+            let t = get(name)?;
+            let b = t.data();
+            let v = match t.dtype() {
+                Dtype::F16 => b
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                Dtype::F32 => b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                other => {
+                    return Err(format!(
+                        "{}: {name} is {other:?}, want F16 or F32",
+                        path.display()
+                    ))
+                }
+            };
+            Ok((t.shape().to_vec(), v))
         };
-        let (s1, w1) = get("w1", Dtype::F32)?;
-        let (sb1, b1) = get("b1", Dtype::F32)?;
-        let (s2, w2) = get("w2", Dtype::F32)?;
-        let (sb2, b2) = get("b2", Dtype::F32)?;
-        let (_, ids) = get("ids", Dtype::U32)?;
-        let ids: Vec<u32> = ids
+        let (s1, w1) = floats("w1")?;
+        let (sb1, b1) = floats("b1")?;
+        let (s2, w2) = floats("w2")?;
+        let (sb2, b2) = floats("b2")?;
+        let it = get("ids")?;
+        if it.dtype() != Dtype::U32 {
+            return Err(format!(
+                "{}: ids is {:?}, want U32",
+                path.display(),
+                it.dtype()
+            ));
+        }
+        let ids: Vec<u32> = it
+            .data()
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -127,10 +148,10 @@ impl FeatureHead {
         Ok(Self {
             d,
             hidden: h,
-            w1: f32s(&w1),
-            b1: f32s(&b1),
-            w2: f32s(&w2),
-            b2: f32s(&b2),
+            w1,
+            b1,
+            w2,
+            b2,
             ids,
         })
     }
@@ -149,32 +170,25 @@ impl FeatureHead {
     }
 }
 
-/// The feature drafter.
-pub struct FeatureDrafter<'m> {
-    target: &'m Model,
+/// A feature head prepared for drafting: `W₁` (`H × 2d`), `W₂ᵀ` (`d × H`) and the embedding
+/// rows of its ids (`K × d`) as the engine's matrices — quantized like a draft model's
+/// (`--draft-quantize`) or f32 — built once per loaded head (their bytes are the drafter's
+/// weight memory).
+pub struct FeatureModel {
     d: usize,
     ids: Vec<u32>,
-    /// `W₁` (`H × 2d`), `W₂ᵀ` (`d × H`) and the embedding rows of the ids (`K × d`) as the
-    /// engine's matrices: quantized like a draft model's (`--draft-quantize`), or f32.
     l1: Linear,
     b1: Vec<f32>,
     l2: Linear,
     b2: Vec<f32>,
     rows: Linear,
-    /// The target's feature of the row that chose the pending root (`None` before the first).
-    observed: Option<Vec<f32>>,
-    /// Predicted feature after the root (index 0) and after each node of the current tree
-    /// (index `1 + node`); reset with every new tree.
-    memo: Vec<Option<Vec<f32>>>,
-    temperature: f32,
 }
 
-impl<'m> FeatureDrafter<'m> {
-    /// `quant`: matrix type of the head's three matrices (`None`: f32).
+impl FeatureModel {
+    /// `quant`: matrix type of the three matrices (`None`: f32).
     pub fn new(
-        target: &'m Model,
+        target: &Model,
         head: FeatureHead,
-        temperature: f32,
         quant: Option<GgmlType>,
     ) -> Result<Self, ModelError> {
         let d = target.config.d_model;
@@ -196,7 +210,6 @@ impl<'m> FeatureDrafter<'m> {
             }
         }
         Ok(Self {
-            target,
             d,
             l1: Linear::from_f32(head.w1, h, 2 * d, quant)?,
             b1: head.b1,
@@ -204,9 +217,6 @@ impl<'m> FeatureDrafter<'m> {
             b2: head.b2,
             rows: Linear::from_f32(rows, head.ids.len(), d, quant)?,
             ids: head.ids,
-            observed: None,
-            memo: vec![],
-            temperature,
         })
     }
 
@@ -228,6 +238,30 @@ impl<'m> FeatureDrafter<'m> {
             .zip(&self.b2)
             .map(|((f, u), b)| f + u + b)
             .collect())
+    }
+}
+
+/// The feature drafter.
+pub struct FeatureDrafter<'m> {
+    target: &'m Model,
+    model: &'m FeatureModel,
+    /// The target's feature of the row that chose the pending root (`None` before the first).
+    observed: Option<Vec<f32>>,
+    /// Predicted feature after the root (index 0) and after each node of the current tree
+    /// (index `1 + node`); reset with every new tree.
+    memo: Vec<Option<Vec<f32>>>,
+    temperature: f32,
+}
+
+impl<'m> FeatureDrafter<'m> {
+    pub fn new(target: &'m Model, model: &'m FeatureModel, temperature: f32) -> Self {
+        Self {
+            target,
+            model,
+            observed: None,
+            memo: vec![],
+            temperature,
+        }
     }
 
     /// Predicted feature after `node` (`None`: after the root), from the memo or computed
@@ -252,9 +286,9 @@ impl<'m> FeatureDrafter<'m> {
                 None => return Ok(None),
             },
         };
-        let mut e = vec![0f32; self.d];
+        let mut e = vec![0f32; self.model.d];
         embed(self.target, tok, &mut e)?;
-        let f = self.step(&prev, &e)?;
+        let f = self.model.step(&prev, &e)?;
         if self.memo.len() <= idx {
             self.memo.resize(idx + 1, None);
         }
@@ -277,7 +311,7 @@ impl Drafter for FeatureDrafter<'_> {
         true
     }
     fn observe_feature(&mut self, feature: &[f32]) {
-        self.observed = (feature.len() == self.d).then(|| feature.to_vec());
+        self.observed = (feature.len() == self.model.d).then(|| feature.to_vec());
         self.memo.clear();
     }
     fn propose(
@@ -297,10 +331,13 @@ impl Drafter for FeatureDrafter<'_> {
         let Some(f) = self.feature(root, tree, node)? else {
             return Ok(Proposal::default());
         };
-        let logits = self.rows.forward(&f, &mut None, 1, -1, "feature_head")?;
+        let logits = self
+            .model
+            .rows
+            .forward(&f, &mut None, 1, -1, "feature_head")?;
         Ok(proposal(
             logits,
-            Some(&self.ids),
+            Some(&self.model.ids),
             self.target.config.vocab,
             k,
             self.temperature,
