@@ -134,7 +134,15 @@ pub fn draft_quant(s: &str) -> Result<Option<GgmlType>> {
 pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
 
 /// Where `--draft feature` finds its head.
-pub const FEATURE_HEAD: &str = "models/smollm2-featdraft.safetensors";
+pub const FEATURE_HEAD: &str = "models/smollm2-featdraft/head.safetensors";
+
+/// The head file a `feature` / `feature:PATH` drafter name points at (`None`: another kind).
+fn feature_head_path(name: &str) -> Option<&std::path::Path> {
+    match name {
+        "feature" => Some(std::path::Path::new(FEATURE_HEAD)),
+        _ => name.strip_prefix("feature:").map(std::path::Path::new),
+    }
+}
 
 impl DraftSource {
     /// `quant`: requantize a draft model's matrices at load ([`draft_quant`]).
@@ -160,8 +168,7 @@ impl DraftSource {
             }
             return Ok(Self::SelfDraft(head));
         }
-        if name == "feature" || name.starts_with("feature:") {
-            let p = std::path::Path::new(name.strip_prefix("feature:").unwrap_or(FEATURE_HEAD));
+        if let Some(p) = feature_head_path(name) {
             let head = FeatureHead::load(p, target)
                 .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
             return Ok(Self::Feature(Box::new(FeatureModel::new(
@@ -201,13 +208,16 @@ impl DraftSource {
         if let Some(inner) = name.strip_prefix("ngram+") {
             return Self::probe(inner);
         }
-        if name == "ngram"
-            || name == "self"
-            || name.starts_with("self:")
-            || name == "feature"
-            || name.starts_with("feature:")
-        {
+        if name == "ngram" || name == "self" || name.starts_with("self:") {
             return Ok(None);
+        }
+        // A feature head's probe sits beside its file.
+        if let Some(head) = feature_head_path(name) {
+            let p = head.with_file_name("probe.json");
+            if !p.exists() {
+                return Ok(None);
+            }
+            return Ok(Some(ExitProbe::load(&p).map_err(anyhow::Error::msg)?));
         }
         let path = crate::models::resolve(name, true)?;
         let p = if path.is_dir() {
@@ -1175,7 +1185,8 @@ pub struct TrainProbeArgs {
     /// Target model (alias, GGUF or HF directory).
     #[arg(long, default_value = "smollm2")]
     target: String,
-    /// Draft model the probe ships with: `probe.json` is written into its directory.
+    /// Draft the probe ships with: a draft model (`probe.json` is written into its directory)
+    /// or a feature head (`feature`, `feature:PATH`; written beside the head file).
     #[arg(long, default_value = "models/smollm2-draft")]
     draft: String,
     /// Exit layer, 0-based (default: the middle of the target).
@@ -1234,16 +1245,18 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     // Calibrated on the draft as `generate` and `bench spec` run it by default.
     let src = DraftSource::load(&a.draft, &target, draft_quant(DRAFT_QUANT)?)?;
     let draft_dir = match &src {
-        DraftSource::Ngram
-        | DraftSource::SelfDraft(_)
-        | DraftSource::Feature(..)
-        | DraftSource::Hybrid(_) => {
+        DraftSource::Ngram | DraftSource::SelfDraft(_) | DraftSource::Hybrid(_) => {
             bail!(
-                "the probe ships with a draft model directory, not `{}`",
+                "the probe ships with a draft model directory or a feature head, not `{}`",
                 a.draft
             )
         }
         DraftSource::Model(_) => crate::models::resolve(&a.draft, true)?,
+        // Beside the head file.
+        DraftSource::Feature(..) => feature_head_path(&a.draft)
+            .and_then(|p| p.parent())
+            .map(|p| p.to_path_buf())
+            .context("a feature head's directory")?,
     };
     let threads = crate::threads_or_all(a.threads);
     let lane = Lane::new("dense", threads)?;
