@@ -1572,6 +1572,21 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     })?;
     pb.finish_and_clear();
     drop(data);
+    // Cross-entropy of the first step on the held-out windows (train: the last batches').
+    let (hfeats, hbest) = crate::zoo::record_features(&a.target, &held, "held-out features")?;
+    let mut hembeds = vec![0f32; hfeats.len()];
+    for (e, &t) in hembeds.chunks_exact_mut(d).zip(held.iter().flatten()) {
+        embed(&target, t, e)?;
+    }
+    let held_data = llada_train::featdraft::FeatureData {
+        d,
+        window: 128,
+        feats: hfeats,
+        embeds: hembeds,
+        labels: hbest.iter().map(|&y| index[y as usize]).collect(),
+    };
+    let held_ce = llada_train::featdraft::mean_ce(&fitted, &held_data, &rows)?;
+    let hfeats = held_data.feats;
     let head = FeatureHead {
         d,
         hidden: fitted.hidden,
@@ -1589,7 +1604,6 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     // Held-out agreement: the drafter's first proposal after each held-out position, given
     // the target's feature one position back (what it gets after a verification), against
     // the target's argmax.
-    let (hfeats, hbest) = crate::zoo::record_features(&a.target, &held, "held-out features")?;
     let fm = FeatureModel::new(&target, head, draft_quant(DRAFT_QUANT)?)?;
     let mut fd = FeatureDrafter::new(&target, &fm, 0.0);
     let other = match &a.compare {
@@ -1619,7 +1633,7 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     }
     let pct = |n: usize| 100.0 * n as f64 / total.max(1) as f64;
     println!(
-        "feature head: hidden {}, {} ids, {examples} examples, {:.1} min; top-1 agreement with the target on held-out prose: {:.1}% ({total} positions){}; wrote {}",
+        "feature head: hidden {}, {} ids, {examples} positions, {:.1} min; held-out cross-entropy {held_ce:.3}; top-1 agreement with the target on held-out prose: {:.1}% ({total} positions){}; wrote {}",
         a.hidden,
         a.vocab.min(vocab),
         train_s / 60.0,
