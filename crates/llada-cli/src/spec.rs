@@ -1442,7 +1442,7 @@ pub struct TrainFeatureDraftArgs {
     target: String,
     /// Training windows of 128 tokens from the Austen + KJV training split (see --source; the
     /// target runs one causal pass over each to record its features, cached in data/).
-    #[arg(long, default_value_t = 1536)]
+    #[arg(long, default_value_t = 2048)]
     windows: usize,
     /// Where the training windows come from: `corpus` (training-split prose), `generated`
     /// (the target continues each window's first 32 tokens greedily, as raw text or inside a
@@ -1470,7 +1470,7 @@ pub struct TrainFeatureDraftArgs {
     feature_weight: f64,
     /// Steps the head is trained to take in a row, from the second on from its own predicted
     /// feature (as deeper tree nodes do).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     unroll: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
