@@ -1531,10 +1531,15 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
         embed(&target, t, r)?;
     }
     // Every position: its feature, its token's embedding row, the target's choice there.
-    let mut embeds = vec![0f32; feats.len()];
-    for (e, &t) in embeds.chunks_exact_mut(d).zip(windows.iter().flatten()) {
-        embed(&target, t, e)?;
-    }
+    // The target's embedding row of every window token.
+    let embed_all = |ws: &[Vec<u32>]| -> Result<Vec<f32>> {
+        let mut out = vec![0f32; ws.iter().map(Vec::len).sum::<usize>() * d];
+        for (e, &t) in out.chunks_exact_mut(d).zip(ws.iter().flatten()) {
+            embed(&target, t, e)?;
+        }
+        Ok(out)
+    };
+    let embeds = embed_all(&windows)?;
     let data = llada_train::featdraft::FeatureData {
         d,
         window: 128,
@@ -1574,10 +1579,7 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     drop(data);
     // Cross-entropy of the first step on the held-out windows (train: the last batches').
     let (hfeats, hbest) = crate::zoo::record_features(&a.target, &held, "held-out features")?;
-    let mut hembeds = vec![0f32; hfeats.len()];
-    for (e, &t) in hembeds.chunks_exact_mut(d).zip(held.iter().flatten()) {
-        embed(&target, t, e)?;
-    }
+    let hembeds = embed_all(&held)?;
     let held_data = llada_train::featdraft::FeatureData {
         d,
         window: 128,

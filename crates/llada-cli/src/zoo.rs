@@ -1744,19 +1744,53 @@ fn argmax_rows(out: &llada_model::ForwardOutput, rows: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The held-out Austen windows both draft evaluations score on (64 tokens, fixed seed).
+fn draft_eval_windows(model: &Model, n: usize) -> Result<Vec<Vec<u32>>> {
+    let tok = model.tokenizer.as_ref().context("no tokenizer")?;
+    let corpus = llada_train::prose::Corpus::load(
+        &[std::path::Path::new("data/austen.txt")],
+        &tok.inner,
+        model.config.eos_id.unwrap_or(0),
+    )?;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
+    Ok(corpus.windows(true, n, 64, &mut rng))
+}
+
+/// Print a draft evaluation (`--json` or text); `note` qualifies the token count.
+#[allow(clippy::too_many_arguments)]
+fn report_draft_eval(
+    a: &EvalArgs,
+    tpath: &std::path::Path,
+    agree: usize,
+    total: usize,
+    accepted: usize,
+    verifies: usize,
+    windows: usize,
+    note: &str,
+) {
+    let top1 = agree as f64 / total.max(1) as f64;
+    let mal = accepted as f64 / verifies.max(1) as f64;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"model": a.model.display().to_string(), "target": tpath.display().to_string(), "top1_agreement": top1, "mean_accepted_len": mal, "tokens_per_verification": mal + 1.0, "windows": windows})
+        );
+    } else {
+        println!(
+            "top-1 agreement with {}: {:.1}% ({total} held-out Austen tokens{note})",
+            tpath.display(),
+            100.0 * top1,
+        );
+        println!("greedy chain, 4 drafted: {mal:.2} accepted per verification ({:.2} tokens per target pass)", mal + 1.0);
+    }
+}
+
 /// Draft vs target: top-1 agreement on held-out Austen, and greedy chain speculation with 4
 /// drafted tokens (mean drafted tokens accepted per verification).
 fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Result<()> {
     let tpath = crate::models::resolve(target_name, a.json)?;
     let target = Model::load(&tpath, &LoadOptions::default())?;
-    let tok = draft.tokenizer.as_ref().context("draft has no tokenizer")?;
-    let corpus = llada_train::prose::Corpus::load(
-        &[std::path::Path::new("data/austen.txt")],
-        &tok.inner,
-        draft.config.eos_id.unwrap_or(0),
-    )?;
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
-    let windows = corpus.windows(true, a.windows, 64, &mut rng);
+    let windows = draft_eval_windows(draft, a.windows)?;
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut accepted, mut verifies) = (0usize, 0usize);
     let pb = if a.json {
@@ -1793,22 +1827,16 @@ fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Re
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let top1 = agree as f64 / total.max(1) as f64;
-    let mal = accepted as f64 / verifies.max(1) as f64;
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "target": tpath.display().to_string(), "top1_agreement": top1, "mean_accepted_len": mal, "tokens_per_verification": mal + 1.0, "windows": windows.len()})
-        );
-    } else {
-        println!(
-            "top-1 agreement with {}: {:.1}% ({} held-out Austen tokens)",
-            tpath.display(),
-            100.0 * top1,
-            total
-        );
-        println!("greedy chain, 4 drafted: {mal:.2} accepted per verification ({:.2} tokens per target pass)", mal + 1.0);
-    }
+    report_draft_eval(
+        a,
+        &tpath,
+        agree,
+        total,
+        accepted,
+        verifies,
+        windows.len(),
+        "",
+    );
     Ok(())
 }
 
@@ -1827,17 +1855,7 @@ fn eval_feature_draft(a: &EvalArgs, lane: &Lane, target_name: &str) -> Result<()
     let fm = FeatureModel::new(&target, head, quant)?;
     let mut dr = FeatureDrafter::new(&target, &fm, 0.0);
     let d = target.config.d_model;
-    let tok = target
-        .tokenizer
-        .as_ref()
-        .context("target has no tokenizer")?;
-    let corpus = llada_train::prose::Corpus::load(
-        &[std::path::Path::new("data/austen.txt")],
-        &tok.inner,
-        target.config.eos_id.unwrap_or(0),
-    )?;
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
-    let windows = corpus.windows(true, a.windows, 64, &mut rng);
+    let windows = draft_eval_windows(&target, a.windows)?;
     let features = |toks: &[u32]| -> Result<(Vec<u32>, Vec<f32>)> {
         let out = causal_logits(&target, lane, toks)?;
         Ok((argmax_rows(&out, toks.len()), out.features))
@@ -1889,22 +1907,16 @@ fn eval_feature_draft(a: &EvalArgs, lane: &Lane, target_name: &str) -> Result<()
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let top1 = agree as f64 / total.max(1) as f64;
-    let mal = accepted as f64 / verifies.max(1) as f64;
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "target": tpath.display().to_string(), "top1_agreement": top1, "mean_accepted_len": mal, "tokens_per_verification": mal + 1.0, "windows": windows.len()})
-        );
-    } else {
-        println!(
-            "top-1 agreement with {}: {:.1}% ({} held-out Austen tokens; the first of each window counted as a miss)",
-            tpath.display(),
-            100.0 * top1,
-            total
-        );
-        println!("greedy chain, 4 drafted: {mal:.2} accepted per verification ({:.2} tokens per target pass)", mal + 1.0);
-    }
+    report_draft_eval(
+        a,
+        &tpath,
+        agree,
+        total,
+        accepted,
+        verifies,
+        windows.len(),
+        "; the first of each window counted as a miss",
+    );
     Ok(())
 }
 

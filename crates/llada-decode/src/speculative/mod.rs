@@ -335,8 +335,34 @@ pub(crate) fn append_context(
     cache: &mut llada_runtime::KvCache,
     tokens: &[u32],
 ) -> Result<(), ModelError> {
+    prefill(model, lane, cache, tokens, LogitRows::None).map(|_| ())
+}
+
+/// [`append_context`], also returning the last row's final feature.
+pub(crate) fn prefill_feature(
+    model: &Model,
+    lane: &Lane,
+    cache: &mut llada_runtime::KvCache,
+    tokens: &[u32],
+) -> Result<Vec<f32>, ModelError> {
+    Ok(prefill(model, lane, cache, tokens, LogitRows::Last)?.features)
+}
+
+/// Append `tokens` to `cache` (causal), with logits and features of `rows`.
+fn prefill(
+    model: &Model,
+    lane: &Lane,
+    cache: &mut llada_runtime::KvCache,
+    tokens: &[u32],
+    rows: LogitRows<'_>,
+) -> Result<llada_model::ForwardOutput, ModelError> {
     if tokens.is_empty() {
-        return Ok(());
+        return Ok(llada_model::ForwardOutput {
+            logits: vec![],
+            rows: vec![],
+            vocab: model.config.vocab,
+            features: vec![],
+        });
     }
     let p0 = cache.len() as u32;
     let pos: Vec<u32> = (p0..p0 + tokens.len() as u32).collect();
@@ -347,36 +373,11 @@ pub(crate) fn append_context(
                 positions: &pos,
                 mask: AttnMask::Causal,
                 kv_write: KvWrite::Append,
-                logits: LogitRows::None,
+                logits: rows,
             },
             cache,
         )
-    })?;
-    Ok(())
-}
-
-/// [`append_context`], also returning the last row's final feature.
-pub(crate) fn prefill_feature(
-    model: &Model,
-    lane: &Lane,
-    cache: &mut llada_runtime::KvCache,
-    tokens: &[u32],
-) -> Result<Vec<f32>, ModelError> {
-    let p0 = cache.len() as u32;
-    let pos: Vec<u32> = (p0..p0 + tokens.len() as u32).collect();
-    let out = lane.run(|| {
-        model.forward(
-            &ForwardRequest {
-                tokens,
-                positions: &pos,
-                mask: AttnMask::Causal,
-                kv_write: KvWrite::Append,
-                logits: LogitRows::Last,
-            },
-            cache,
-        )
-    })?;
-    Ok(out.features)
+    })
 }
 
 /// A least-squares line `y = mean_y + slope · (x − mean_x)`: callers clamp the slope, then
