@@ -1,0 +1,658 @@
+#!/usr/bin/env python3
+"""Train a synthetic-task diffusion model (LLaDA or Dream format) with PyTorch, for a GPU.
+
+`llada train --preset tiny-llada-tasks` (Rust, candle) is the project's trainer and the command
+that re-trains the shipped task models on a 2-core machine in under an hour. This script is its
+accelerator path: the same tasks, the same checkpoint format (HF directory with the real field
+and tensor names, loaded by the engine like any other), the same objective (two-stream
+autoregressive warm-up for LLaDA / shifted next-token warm-up for Dream, then masked-diffusion
+SFT with structured masks and EOS-padded answers), at a size and a token count a GPU affords in
+minutes. It runs on CPU too (`--device cpu`), slowly. Nothing here is imported by the engine:
+the engine's `llada eval` scores what this writes, so this file is also an independent
+implementation of both architectures and of the task generator (`crates/llada-train/src/tasks.rs`
+is the reference; `--check-prompts FILE` verifies this generator's answers and held-out hash on
+prompts that the Rust generator wrote).
+
+Usage:
+    python3 scripts/train_tasks_torch.py --format llada --out models/NAME --minutes 6
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------- vocabulary (vocab.rs)
+EOS, BOS, MASK = 0, 1, 2
+SPECIALS = ["<|endoftext|>", "<|startoftext|>", "<|mask|>"]
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+=,;:?>| "
+VOCAB = len(SPECIALS) + len(CHARS)
+_LUT = np.zeros(256, dtype=np.int64)
+for _i, _c in enumerate(CHARS):
+    _LUT[ord(_c)] = _i + len(SPECIALS)
+
+
+def encode(s):
+    return _LUT[np.frombuffer(s.encode("ascii"), dtype=np.uint8)]
+
+
+def decode(ids):
+    out = []
+    for i in ids:
+        if i == EOS:
+            break
+        if i >= len(SPECIALS):
+            out.append(CHARS[i - len(SPECIALS)])
+    return "".join(out)
+
+
+def tokenizer_json():
+    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    vocab.update({c: i + len(SPECIALS) for i, c in enumerate(CHARS)})
+    added = [
+        {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for i, s in enumerate(SPECIALS)
+    ]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated",
+                          "invert": False},
+        "post_processor": None, "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|endoftext|>"},
+    }
+
+
+# ---------------------------------------------------------------- tasks (tasks.rs)
+TASKS = ["add", "sort", "rev", "cumsum", "multi"]
+ADD_WIDTH, CUM_WIDTH, SORT_MAX, REV_MAX = 10, 16, 32, 16
+MULTI_SUBTASKS = ["add", "rev", "cumsum"]
+MULTI_QUESTIONS = 5
+MULTI_SLOT = 4 + 2 * ADD_WIDTH + 1
+
+
+def is_held_out(prompt):
+    """FNV-1a of the prompt's bytes, bucket 0 of 16 (tasks.rs `is_held_out`)."""
+    h = 0xCBF29CE484222325
+    for b in prompt.encode("ascii"):
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % 16 == 0
+
+
+def _digits(rng, n):
+    s = [str(rng.randrange(10)) for _ in range(n)]
+    if n > 1 and s[0] == "0":
+        s[0] = str(rng.randrange(1, 10))
+    return "".join(s)
+
+
+def solve(task, q):
+    """The answer to question `q` (prompt without its `=`) of `task`: the checker."""
+    if task == "add":
+        a, b = q[len("add:"):].split("+")
+        return str(int(a) + int(b)).zfill(ADD_WIDTH + 1)
+    if task == "sort":
+        return " ".join(sorted(q[len("sort:"):].split(" ")))
+    if task == "rev":
+        return q[len("rev:"):][::-1]
+    if task == "cumsum":
+        acc, out = 0, []
+        for c in q[len("cum:"):]:
+            acc = (acc + int(c)) % 10
+            out.append(str(acc))
+        return "".join(out)
+    raise ValueError(task)
+
+
+def one(rng, task):
+    if task == "add":
+        a = _digits(rng, rng.randint(1, ADD_WIDTH))
+        b = _digits(rng, rng.randint(1, ADD_WIDTH))
+        q = f"add:{a.zfill(ADD_WIDTH)}+{b.zfill(ADD_WIDTH)}"
+    elif task == "sort":
+        q = "sort:" + " ".join(str(rng.randrange(10)) for _ in range(rng.randint(1, SORT_MAX)))
+    elif task == "rev":
+        n = rng.randint(1, REV_MAX)
+        q = "rev:" + "".join(chr(97 + rng.randrange(26)) for _ in range(n))
+    else:
+        q = "cum:" + _digits(rng, rng.randint(1, CUM_WIDTH)).zfill(CUM_WIDTH)
+    return q, solve(task, q)
+
+
+def example(rng, task, held_out=False):
+    """(prompt, answer) of `task`, drawn until it falls on the requested side of the split."""
+    while True:
+        if task == "multi":
+            ps, ans = [], []
+            for i in range(1, MULTI_QUESTIONS + 1):
+                p, a = one(rng, rng.choice(MULTI_SUBTASKS))
+                ps.append(f"{i}>{p:>{MULTI_SLOT}}")
+                ans.append(f"{i}>{a:<{MULTI_SLOT}}")
+            prompt, answer = ";".join(ps) + "=", ";".join(ans)
+        else:
+            q, answer = one(rng, task)
+            prompt = q + "="
+        if is_held_out(prompt) == held_out:
+            return prompt, answer
+
+
+def solve_prompt(prompt):
+    """Task and answer of a whole prompt (multi-question prompts included)."""
+    q = prompt[:-1]
+    if q.startswith("1>"):
+        items = q.split(";")
+        ans = []
+        for i, it in enumerate(items, 1):
+            body = it.split(">", 1)[1].lstrip(" ")
+            task = {"add": "add", "rev": "rev", "cum": "cumsum"}[body.split(":")[0]]
+            ans.append(f"{i}>{solve(task, body):<{MULTI_SLOT}}")
+        return "multi", ";".join(ans)
+    task = {"add": "add", "sort": "sort", "rev": "rev", "cum": "cumsum"}[q.split(":")[0]]
+    return task, solve(task, q)
+
+
+def region(answer_len, pad_to):
+    """Answer + at least one EOS, rounded up to `pad_to` (layout_padded / llada eval)."""
+    n = answer_len + 1
+    return -(-n // pad_to) * pad_to
+
+
+def layout(pairs, pad_to):
+    """`BOS prompt answer EOS…` rows of one length (multiple of 8) and the answer starts."""
+    enc = [(encode(p), encode(a)) for p, a in pairs]
+    t = max(1 + len(p) + region(len(a), pad_to) for p, a in enc)
+    t = -(-t // 8) * 8
+    rows = np.full((len(enc), t), EOS, dtype=np.int64)
+    starts = np.zeros(len(enc), dtype=np.int64)
+    for r, (p, a) in enumerate(enc):
+        rows[r, 0] = BOS
+        rows[r, 1:1 + len(p)] = p
+        starts[r] = 1 + len(p)
+        rows[r, 1 + len(p):1 + len(p) + len(a)] = a
+    return rows, starts
+
+
+class Batches(torch.utils.data.IterableDataset):
+    """Endless (rows, starts) batches of one task each and ≈ `batch_tokens` tokens; every
+    data-loader worker process draws from its own seed."""
+
+    def __init__(self, seed, weights, batch_tokens, pad_to):
+        self.seed, self.weights, self.batch_tokens, self.pad_to = seed, weights, batch_tokens, pad_to
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        rng = random.Random(self.seed * 1000 + (info.id if info else 0))
+        tasks, w = zip(*self.weights.items())
+        while True:
+            task = rng.choices(tasks, w)[0]
+            probe, _ = layout([example(rng, task)], self.pad_to)
+            n = max(1, self.batch_tokens // probe.shape[1])
+            rows, starts = layout([example(rng, task) for _ in range(n)], self.pad_to)
+            yield torch.from_numpy(rows), torch.from_numpy(starts)
+
+
+# ---------------------------------------------------------------- model (llada-train model.rs)
+class Model(torch.nn.Module):
+    """LLaMA-style block stack; `fmt` "llada" (no biases) or "dream" (q/k/v biases, GQA)."""
+
+    def __init__(self, fmt, d, layers, heads, kv_heads, ffn, theta, eps, init_std, seed):
+        super().__init__()
+        self.fmt, self.d, self.h, self.kv, self.eps = fmt, d, heads, kv_heads, eps
+        self.hd = d // heads
+        g = torch.Generator().manual_seed(seed)
+
+        def normal(*shape, std=init_std):
+            return torch.nn.Parameter(torch.randn(*shape, generator=g) * std)
+
+        out_std = init_std / math.sqrt(2 * layers)
+        qd, kvd = heads * self.hd, kv_heads * self.hd
+        self.embed = normal(VOCAB, d)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            b = torch.nn.Module()
+            b.attn_norm = torch.nn.Parameter(torch.ones(d))
+            b.q, b.k, b.v = normal(qd, d), normal(kvd, d), normal(kvd, d)
+            bias = fmt == "dream"
+            b.bq = torch.nn.Parameter(torch.zeros(qd)) if bias else None
+            b.bk = torch.nn.Parameter(torch.zeros(kvd)) if bias else None
+            b.bv = torch.nn.Parameter(torch.zeros(kvd)) if bias else None
+            b.o = normal(d, qd, std=out_std)
+            b.ffn_norm = torch.nn.Parameter(torch.ones(d))
+            b.gate, b.up = normal(ffn, d), normal(ffn, d)
+            b.down = normal(d, ffn, std=out_std)
+            self.blocks.append(b)
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        self.head = normal(VOCAB, d)
+        half = self.hd // 2
+        inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.hd)
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+
+    def rms(self, x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
+
+    def forward(self, ids, positions, allowed):
+        """Logits [B, T, V]; `positions` [T] RoPE positions, `allowed` [T, T] bool (True: may
+        attend) or None for full bidirectional attention."""
+        bsz, t = ids.shape
+        x = self.embed[ids]
+        ang = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+        half = self.hd // 2
+
+        def rope(z):
+            z1, z2 = z[..., :half], z[..., half:]
+            return z * cos + torch.cat([-z2, z1], -1) * sin
+
+        g = self.h // self.kv
+        for b in self.blocks:
+            hh = self.rms(x, b.attn_norm)
+            q = F.linear(hh, b.q, b.bq).view(bsz, t, self.h, self.hd).transpose(1, 2)
+            k = F.linear(hh, b.k, b.bk).view(bsz, t, self.kv, self.hd).transpose(1, 2)
+            v = F.linear(hh, b.v, b.bv).view(bsz, t, self.kv, self.hd).transpose(1, 2)
+            q, k = rope(q), rope(k)
+            if g > 1:
+                k = k.repeat_interleave(g, dim=1)
+                v = v.repeat_interleave(g, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            x = x + F.linear(o.transpose(1, 2).reshape(bsz, t, self.h * self.hd), b.o)
+            hh = self.rms(x, b.ffn_norm)
+            x = x + F.linear(F.silu(F.linear(hh, b.gate)) * F.linear(hh, b.up), b.down)
+        return F.linear(self.rms(x, self.norm), self.head)
+
+    def state(self):
+        """Tensors under the real checkpoint names (model.rs `TrainModel::new`)."""
+        out = {}
+        llada = self.fmt == "llada"
+        out["model.transformer.wte.weight" if llada else "model.embed_tokens.weight"] = self.embed
+        for i, b in enumerate(self.blocks):
+            if llada:
+                p = f"model.transformer.blocks.{i}."
+                names = {"attn_norm.weight": b.attn_norm, "q_proj.weight": b.q,
+                         "k_proj.weight": b.k, "v_proj.weight": b.v, "attn_out.weight": b.o,
+                         "ff_norm.weight": b.ffn_norm, "ff_proj.weight": b.gate,
+                         "up_proj.weight": b.up, "ff_out.weight": b.down}
+            else:
+                p = f"model.layers.{i}."
+                names = {"input_layernorm.weight": b.attn_norm,
+                         "self_attn.q_proj.weight": b.q, "self_attn.q_proj.bias": b.bq,
+                         "self_attn.k_proj.weight": b.k, "self_attn.k_proj.bias": b.bk,
+                         "self_attn.v_proj.weight": b.v, "self_attn.v_proj.bias": b.bv,
+                         "self_attn.o_proj.weight": b.o,
+                         "post_attention_layernorm.weight": b.ffn_norm,
+                         "mlp.gate_proj.weight": b.gate, "mlp.up_proj.weight": b.up,
+                         "mlp.down_proj.weight": b.down}
+            out.update({p + k: v for k, v in names.items()})
+        out["model.transformer.ln_f.weight" if llada else "model.norm.weight"] = self.norm
+        out["model.transformer.ff_out.weight" if llada else "lm_head.weight"] = self.head
+        return out
+
+
+def config_json(a):
+    """config.json with the real field names (model.rs `ModelSpec::config_json`)."""
+    if a.format == "llada":
+        return {
+            "architectures": ["LLaDAModelLM"], "model_type": "llada", "d_model": a.d_model,
+            "n_heads": a.heads, "n_kv_heads": a.kv_heads, "n_layers": a.layers,
+            "mlp_hidden_size": a.ffn, "mlp_ratio": a.ffn // a.d_model, "vocab_size": VOCAB,
+            "embedding_size": VOCAB, "rope_theta": a.rope_theta, "rms_norm_eps": a.eps,
+            "max_sequence_length": 512, "mask_token_id": MASK, "eos_token_id": EOS,
+            "pad_token_id": EOS, "bos_token_id": BOS, "weight_tying": False,
+            "include_bias": False, "include_qkv_bias": False, "block_type": "llama",
+            "activation_type": "silu", "layer_norm_type": "rms", "rope": True,
+            "torch_dtype": "float16",
+        }
+    return {
+        "architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": a.d_model,
+        "intermediate_size": a.ffn, "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads, "num_hidden_layers": a.layers, "rms_norm_eps": a.eps,
+        "rope_theta": a.rope_theta, "vocab_size": VOCAB, "tie_word_embeddings": False,
+        "mask_token_id": MASK, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": EOS,
+        "max_position_embeddings": 512, "hidden_act": "silu", "torch_dtype": "float16",
+    }
+
+
+def save(model, a, out, extra):
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", torch.float16).contiguous()
+               for k, v in model.state().items()}
+    save_file(tensors, os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config_json(a), f, indent=2)
+    if not a.weights_only:
+        with open(os.path.join(out, "tokenizer.json"), "w") as f:
+            json.dump(tokenizer_json(), f)
+        with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": SPECIALS[BOS], "chat_template": "{{ messages[0]['content'] }}",
+                       "eos_token": SPECIALS[EOS]}, f, indent=2)
+    with open(os.path.join(out, "train_state.json"), "w") as f:
+        json.dump(extra, f, indent=2)
+
+
+# ---------------------------------------------------------------- objectives (objective.rs)
+def diffusion_loss(model, rows, starts, shift, eps, structured, gen):
+    """Masked-diffusion SFT: stratified t per row, answer positions masked independently with
+    probability t, or (a `structured` fraction of rows) the answer's suffix / prefix of ⌈t·L⌉
+    positions; CE on masked positions weighted 1/(t·L), summed, divided by B. Dream (`shift`):
+    position i is predicted from output i − 1."""
+    b, t = rows.shape
+    dev = rows.device
+    col = torch.arange(t, device=dev)[None, :]
+    s = starts[:, None]
+    ans = col >= s
+    length = (t - starts).float()[:, None]
+    u = torch.rand((), generator=gen, device=dev)
+    tt = (eps + (1 - eps) * ((torch.arange(b, device=dev) + u) / b))[:, None]
+    shape = torch.rand(b, 1, generator=gen, device=dev)
+    k = torch.clamp(torch.ceil(tt * length), min=1).long()
+    suffix = col >= (t - k)
+    prefix = ans & (col < s + k)
+    iid = ans & (torch.rand(b, t, generator=gen, device=dev) < tt)
+    masked = torch.where(shape < structured / 2, suffix,
+                         torch.where(shape < structured, prefix, iid))
+    # At least one masked answer position per row.
+    none = ~masked.any(1)
+    if none.any():
+        pick = starts + (torch.rand(b, generator=gen, device=dev) * (t - starts)).long()
+        masked[none, pick[none]] = True
+    ids = torch.where(masked, torch.full_like(rows, MASK), rows)
+    w = masked.float() / (tt * length)
+    logits = model(ids, torch.arange(t, device=dev), None)
+    if shift:
+        logits, tgt, w = logits[:, :-1], rows[:, 1:], w[:, 1:]
+    else:
+        tgt = rows
+    ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), tgt.reshape(-1), reduction="none")
+    return (ce * w.reshape(-1)).sum() / b
+
+
+def warmup_loss(model, rows, starts, fmt):
+    """Autoregressive warm-up. LLaDA: two streams (content causal, query i sees content < i and
+    predicts token i, weight 1/L on answer positions; objective.rs `two_stream_batch`). Dream:
+    causal next-token prediction in the shifted layout."""
+    b, t = rows.shape
+    dev = rows.device
+    length = (t - starts).float()[:, None]
+    col = torch.arange(t, device=dev)
+    if fmt == "dream":
+        causal = col[None, :] <= col[:, None]
+        logits = model(rows, col, causal)[:, :-1]
+        w = (col[None, 1:] >= starts[:, None]).float() / length
+        ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), rows[:, 1:].reshape(-1),
+                             reduction="none")
+        return (ce * w.reshape(-1)).sum() / b
+    vis = torch.cat([col + 1, torch.clamp(col, min=1)])  # columns visible to each row (prefix)
+    allowed = torch.arange(2 * t, device=dev)[None, :] < vis[:, None]
+    ids = torch.cat([rows, torch.full_like(rows, MASK)], 1)
+    logits = model(ids, torch.cat([col, col]), allowed)[:, t:]
+    w = (col[None, :] >= starts[:, None]).float() / length
+    ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), rows.reshape(-1), reduction="none")
+    return (ce * w.reshape(-1)).sum() / b
+
+
+# ---------------------------------------------------------------- decoding (llada eval, vanilla)
+@torch.no_grad()
+def vanilla_decode(model, prompts, gen_len, block, shift):
+    """LLaDA's vanilla sampler at temperature 0: semi-autoregressive blocks of `block`, one token
+    per step, the masked position of the current block with the highest top probability
+    committed first (low-confidence remasking). Batched over prompts of one length."""
+    dev = model.embed.device
+    b = len(prompts)
+    p = torch.tensor(np.stack(prompts), device=dev)
+    x = torch.cat([p, torch.full((b, gen_len), MASK, device=dev)], 1)
+    t = x.shape[1]
+    pos = torch.arange(t, device=dev)
+    lp = p.shape[1]
+    for blk in range(0, gen_len, block):
+        lo, hi = lp + blk, lp + min(blk + block, gen_len)
+        for _ in range(hi - lo):
+            logits = model(x, pos, None).float()
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+            prob = logits.softmax(-1)
+            conf, tok = prob.max(-1)
+            cand = (x == MASK)
+            cand[:, :lo] = False
+            cand[:, hi:] = False
+            conf = torch.where(cand, conf, torch.full_like(conf, -1.0))
+            i = conf.argmax(1)
+            rows = torch.arange(b, device=dev)
+            x[rows, i] = torch.where(cand[rows, i], tok[rows, i], x[rows, i])
+    return x[:, lp:].tolist()
+
+
+def evaluate(model, a, per_task, seed, pairs=None, dump=None):
+    """Exact match per task on examples from this generator's held-out side, or on `pairs`
+    ((prompt, answer) held-out examples, e.g. the Rust split)."""
+    rng = random.Random(seed)
+    shift = a.format == "dream"
+    model.eval()
+    res = {}
+    for task in TASKS:
+        if pairs is None:
+            todo = [example(rng, task, held_out=True) for _ in range(per_task)]
+        else:
+            todo = [(p, an) for p, an in pairs if solve_prompt(p)[0] == task]
+        if not todo:
+            continue
+        groups = {}
+        for pr, an in todo:
+            ids = np.concatenate([[BOS], encode(pr)])
+            groups.setdefault((len(ids), region(len(an), 32)), []).append((ids, an, pr))
+        ok = 0
+        for (_, gl), items in groups.items():
+            outs = vanilla_decode(model, [i for i, _, _ in items], gl, 32, shift)
+            ok += sum(decode(o) == an for o, (_, an, _) in zip(outs, items))
+            if dump is not None:
+                dump.extend((pr, decode(o)) for o, (_, _, pr) in zip(outs, items))
+        res[task] = ok / len(todo)
+    model.train()
+    res["overall"] = sum(res.values()) / len(res)
+    return res
+
+
+# ---------------------------------------------------------------- main
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--format", choices=["llada", "dream"], required=True)
+    ap.add_argument("--out", help="checkpoint directory to write")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--minutes", type=float, default=6.0, help="wall-clock budget of training")
+    ap.add_argument("--steps", type=int, default=100000, help="most optimizer steps")
+    ap.add_argument("--d-model", type=int, default=192)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--kv-heads", type=int, help="default: heads (LLaDA), heads / 3 (Dream)")
+    ap.add_argument("--ffn", type=int, help="default: 3 × d_model")
+    ap.add_argument("--rope-theta", type=float, default=1e4)
+    ap.add_argument("--batch-tokens", type=int, default=32768)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=200)
+    ap.add_argument("--ar-warmup", type=float, help="fraction of progress (LLaDA 0.3, Dream 0.5)")
+    ap.add_argument("--structured", type=float, default=0.5)
+    ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
+                    help="task weights of the batches")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
+    ap.add_argument("--weights-only", action="store_true",
+                    help="write config, weights and train state, not the tokenizer files")
+    ap.add_argument("--save-every-s", type=float, default=0,
+                    help="also write the checkpoint every this many seconds (0: at the end)")
+    ap.add_argument("--eval-per-task", type=int, default=50)
+    ap.add_argument("--log-every", type=int, default=200)
+    ap.add_argument("--eval-file", help="after training (or with --load, instead), also "
+                    "score the held-out `prompt<TAB>answer<TAB>1` lines of this file")
+    ap.add_argument("--dump", help="with --load and --eval-file: write `prompt<TAB>output` "
+                    "lines of the file's examples")
+    ap.add_argument("--load", help="checkpoint directory to evaluate instead of training")
+    ap.add_argument("--check-prompts", help="file of `prompt<TAB>answer` lines from the Rust "
+                    "generator: check solve() and the held-out hash on them, then exit")
+    a = ap.parse_args()
+    a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
+    a.ffn = a.ffn or 3 * a.d_model
+    a.eps = 1e-5 if a.format == "llada" else 1e-6
+    if a.ar_warmup is None:
+        a.ar_warmup = 0.3 if a.format == "llada" else 0.5
+    return a
+
+
+def check_prompts(path):
+    bad = n = 0
+    for line in open(path):
+        prompt, answer, held = line.rstrip("\n").split("\t")
+        n += 1
+        task, mine = solve_prompt(prompt)
+        if mine != answer or is_held_out(prompt) != (held == "1"):
+            bad += 1
+            print(f"mismatch ({task}): {prompt!r} → {mine!r}, Rust {answer!r}", file=sys.stderr)
+    print(f"{n - bad}/{n} prompts agree with the Rust generator")
+    return bad == 0
+
+
+def read_pairs(path):
+    """Held-out (prompt, answer) pairs of a `prompt<TAB>answer<TAB>held` file."""
+    out = []
+    for line in open(path):
+        prompt, answer, held = line.rstrip("\n").split("\t")
+        if held == "1":
+            out.append((prompt, answer))
+    return out
+
+
+def load(a, path, dev):
+    """A checkpoint written by `save` (or by `llada train`): its shape from config.json."""
+    from safetensors.torch import load_file
+
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    if cfg["model_type"] == "llada":
+        a.format, a.d_model, a.layers = "llada", cfg["d_model"], cfg["n_layers"]
+        a.heads, a.kv_heads, a.ffn = cfg["n_heads"], cfg["n_kv_heads"], cfg["mlp_hidden_size"]
+    else:
+        a.format, a.d_model, a.layers = "dream", cfg["hidden_size"], cfg["num_hidden_layers"]
+        a.heads, a.kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        a.ffn = cfg["intermediate_size"]
+    a.rope_theta, a.eps = cfg["rope_theta"], cfg["rms_norm_eps"]
+    model = Model(a.format, a.d_model, a.layers, a.heads, a.kv_heads, a.ffn, a.rope_theta, a.eps,
+                  0.0, 0)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    with torch.no_grad():
+        for name, p in model.state().items():
+            p.copy_(tensors.pop(name).float())
+    if tensors:
+        raise ValueError(f"unexpected tensors in {path}: {sorted(tensors)[:5]}")
+    return model.to(dev)
+
+
+def report(label, res):
+    print(f"{label}: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in res.items()), flush=True)
+
+
+def main():
+    a = parse()
+    if a.check_prompts:
+        sys.exit(0 if check_prompts(a.check_prompts) else 1)
+    dev = torch.device(a.device)
+    if a.load:
+        model = load(a, a.load, dev)
+        if a.eval_per_task:
+            report("held-out (this script's generator)", evaluate(model, a, a.eval_per_task,
+                                                                   a.seed + 7))
+        if a.eval_file:
+            dump = []
+            report("held-out (file)", evaluate(model, a, 0, 0, read_pairs(a.eval_file), dump))
+            if a.dump:
+                with open(a.dump, "w") as f:
+                    f.writelines(f"{p}\t{o}\n" for p, o in dump)
+        return
+    if not a.out:
+        sys.exit("--out is required")
+    torch.manual_seed(a.seed)
+    model, state = train(a, dev)
+    res = evaluate(model, a, a.eval_per_task, a.seed + 7) if a.eval_per_task else {}
+    if res:
+        report("held-out (this script's generator, vanilla decoding)", res)
+    state["script_eval"] = res
+    save(model, a, a.out, state)
+    if a.eval_file:
+        report("held-out (file)", evaluate(model, a, 0, 0, read_pairs(a.eval_file)))
+
+
+def train(a, dev):
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    model = Model(a.format, a.d_model, a.layers, a.heads, a.kv_heads, a.ffn, a.rope_theta, a.eps,
+                  1 / math.sqrt(a.d_model), a.seed).to(dev)
+    params = [p for p in model.parameters()]
+    n_params = sum(p.numel() for p in params)
+    decay = [p for p in params if p.dim() == 2]
+    other = [p for p in params if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), fused=cuda)
+    mix = {k: float(v) for k, v in (kv.split(":") for kv in a.mix.split(","))}
+    # Worker processes make the batches (the generator is Python: in the training process it
+    # would hold the interpreter lock the training loop needs).
+    batches = iter(torch.utils.data.DataLoader(
+        Batches(a.seed, mix, a.batch_tokens, 32), batch_size=None, num_workers=a.producers,
+        pin_memory=cuda, prefetch_factor=8 if a.producers else None))
+    gen = torch.Generator(device=dev).manual_seed(a.seed)
+    print(f"{a.format}: {n_params / 1e6:.2f} M parameters, d {a.d_model}, {a.layers} layers, "
+          f"{a.heads}/{a.kv_heads} heads, ffn {a.ffn}, device {dev}", flush=True)
+    budget = a.minutes * 60
+    t0 = time.time()
+    ema, tokens, step = None, 0, 0
+    last_save = t0
+    while step < a.steps:
+        progress = max(step / a.steps, (time.time() - t0) / budget)
+        if progress >= 1:
+            break
+        lr_scale = min(1.0, (step + 1) / a.warmup_steps)
+        lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        for grp in opt.param_groups:
+            grp["lr"] = a.lr * lr_scale
+        rows, starts = next(batches)
+        rows = rows.to(dev, non_blocking=True)
+        starts = starts.to(dev, non_blocking=True)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            if progress < a.ar_warmup:
+                loss = warmup_loss(model, rows, starts, a.format)
+            else:
+                loss = diffusion_loss(model, rows, starts, a.format == "dream", 0.05,
+                                      a.structured, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        tokens += rows.numel()
+        if step % a.log_every == 0:
+            v = loss.item()
+            ema = v if ema is None else 0.9 * ema + 0.1 * v
+            el = time.time() - t0
+            phase = "warm-up" if progress < a.ar_warmup else "diffusion"
+            print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) {tokens / el:,.0f} tok/s "
+                  f"{el:.0f} s", flush=True)
+        if a.save_every_s and time.time() - last_save > a.save_every_s:
+            last_save = time.time()
+            save(model, a, a.out, {"steps": step, "tokens": tokens, "partial": True})
+    wall = time.time() - t0
+    print(f"trained {step} steps, {tokens:,} tokens in {wall:.0f} s", flush=True)
+    return model, {"steps": step, "tokens": tokens, "wall_s": wall, "parameters": n_params,
+                   "final_loss_ema": ema, "options": dict(vars(a))}
+
+
+if __name__ == "__main__":
+    main()
