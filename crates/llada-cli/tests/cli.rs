@@ -498,6 +498,24 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
     ] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
     }
+    // One summary per drafter; the headline is the drafter whose Lever tree is fastest.
+    let per = j["per_draft"].as_array().unwrap();
+    assert_eq!(per.len(), 2, "{j}");
+    assert_eq!(
+        per[1]["draft"].as_str().unwrap(),
+        format!("ngram+{}", draft.display())
+    );
+    let best = per
+        .iter()
+        .max_by(|x, y| {
+            let t = |v: &serde_json::Value| v["tokens_per_s"].as_f64().unwrap();
+            t(x).total_cmp(&t(y))
+        })
+        .unwrap();
+    assert_eq!(j["summary_draft"], best["draft"], "{j}");
+    assert_eq!(j["speedup_vs_ar_25pct"], best["speedup_vs_ar"], "{j}");
+    assert_eq!(per[0]["config"], "lever-tree", "no probe for ngram: {j}");
+    assert_eq!(per[1]["config"], "lever-tree+early-exit", "{j}");
     let mem = &j["memory"][0];
     assert!(mem["draft_weight_bytes"].as_u64().unwrap() > 0, "{mem}");
     // Interleaved, a run can follow a TVC run (two streamed passes): the bench frees the
