@@ -485,6 +485,7 @@ def parse():
     ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
                     help="task weights of the batches")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
                     help="write config, weights and train state, not the tokenizer files")
@@ -564,6 +565,8 @@ def main():
     if a.check_prompts:
         sys.exit(0 if check_prompts(a.check_prompts) else 1)
     dev = torch.device(a.device)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.load:
         model = load(a, a.load, dev)
         if a.eval_per_task:
