@@ -1015,3 +1015,35 @@ fn adaptive_mix_draws_tasks_by_held_out_loss() {
     // A loss vector of the wrong length is ignored (nothing changes, no panic).
     assert!(data.observe_heldout(&[1.0]).is_none());
 }
+
+/// The Python task generator of the accelerator path (`scripts/task_data.py`, used by
+/// `scripts/train_tasks_torch.py`) answers the Rust generator's prompts the same way and puts
+/// them on the same side of the held-out split, for every task, training and held-out.
+#[test]
+fn python_task_generator_agrees() {
+    use llada_train::tasks::{held_out_split, is_held_out, TaskGen};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut g = TaskGen::new(7, false);
+    let mut lines = String::new();
+    let examples = (0..600).map(|_| g.next(None)).chain(held_out_split(20));
+    for e in examples {
+        let held = u8::from(is_held_out(&e.prompt));
+        lines.push_str(&format!("{}\t{}\t{held}\n", e.prompt, e.answer));
+    }
+    let file = std::env::temp_dir().join(format!("llada-tasks-{}.tsv", std::process::id()));
+    std::fs::write(&file, lines).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/task_data.py"))
+        .arg("--check")
+        .arg(&file)
+        .output()
+        .expect("python3 runs (the project's scripts need it)");
+    let _ = std::fs::remove_file(&file);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("700/700"), "{text}");
+}
