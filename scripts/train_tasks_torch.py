@@ -9,12 +9,14 @@ autoregressive warm-up for LLaDA / shifted next-token warm-up for Dream, then ma
 SFT with structured masks and EOS-padded answers), at a size and a token count a GPU affords in
 minutes. It runs on CPU too (`--device cpu`), slowly. Nothing here is imported by the engine:
 the engine's `llada eval` scores what this writes, so this file is also an independent
-implementation of both architectures and of the task generator (`crates/llada-train/src/tasks.rs`
-is the reference; `--check-prompts FILE` verifies this generator's answers and held-out hash on
-prompts that the Rust generator wrote).
+implementation of both architectures (`--load DIR --eval-file F --dump OUT` decodes a checkpoint
+for a comparison with `llada eval --show`) and, through `task_data.py`, of the task generator
+(`crates/llada-train/src/tasks.rs` is the reference; the test `python_task_generator_agrees`
+checks the two agree).
 
 Usage:
-    python3 scripts/train_tasks_torch.py --format llada --out models/NAME --minutes 6
+    python3 scripts/train_tasks_torch.py --format llada --out DIR --minutes 7   # GPU if present
+    scripts/gpu_train_tasks.sh OUT 7                                            # both formats
 """
 
 import argparse
