@@ -8,6 +8,7 @@ hash on `prompt<TAB>answer<TAB>held` lines the Rust generator wrote (the test
 `python_task_generator_agrees` in llada-train runs it), so the two cannot drift apart silently.
 """
 
+import math
 import sys
 
 # ---------------------------------------------------------------- vocabulary (vocab.rs)
@@ -86,33 +87,41 @@ def solve(task, q):
     raise ValueError(task)
 
 
-def one(rng, task):
+def _length(rng, most, scale, lo):
+    """A length in [lo·most·scale, most·scale] (at least 1), as tasks.rs draws them."""
+    hi = max(1, math.ceil(most * scale))
+    low = min(max(1, math.ceil(most * scale * lo)), hi)
+    return rng.randint(low, hi)
+
+
+def one(rng, task, scale=1.0, lo=0.0):
+    """One question of `task` and its answer; `scale` and `lo` narrow the length range (the
+    Rust trainer's length bands)."""
+    n = lambda most: _length(rng, most, scale, lo)  # noqa: E731
     if task == "add":
-        a = _digits(rng, rng.randint(1, ADD_WIDTH))
-        b = _digits(rng, rng.randint(1, ADD_WIDTH))
+        a, b = _digits(rng, n(ADD_WIDTH)), _digits(rng, n(ADD_WIDTH))
         q = f"add:{a.zfill(ADD_WIDTH)}+{b.zfill(ADD_WIDTH)}"
     elif task == "sort":
-        q = "sort:" + " ".join(str(rng.randrange(10)) for _ in range(rng.randint(1, SORT_MAX)))
+        q = "sort:" + " ".join(str(rng.randrange(10)) for _ in range(n(SORT_MAX)))
     elif task == "rev":
-        n = rng.randint(1, REV_MAX)
-        q = "rev:" + "".join(chr(97 + rng.randrange(26)) for _ in range(n))
+        q = "rev:" + "".join(chr(97 + rng.randrange(26)) for _ in range(n(REV_MAX)))
     else:
-        q = "cum:" + _digits(rng, rng.randint(1, CUM_WIDTH)).zfill(CUM_WIDTH)
+        q = "cum:" + _digits(rng, n(CUM_WIDTH)).zfill(CUM_WIDTH)
     return q, solve(task, q)
 
 
-def example(rng, task, held_out=False):
+def example(rng, task, held_out=False, scale=1.0, lo=0.0):
     """(prompt, answer) of `task`, drawn until it falls on the requested side of the split."""
     while True:
         if task == "multi":
             ps, ans = [], []
             for i in range(1, MULTI_QUESTIONS + 1):
-                p, a = one(rng, rng.choice(MULTI_SUBTASKS))
+                p, a = one(rng, rng.choice(MULTI_SUBTASKS), scale, lo)
                 ps.append(f"{i}>{p:>{MULTI_SLOT}}")
                 ans.append(f"{i}>{a:<{MULTI_SLOT}}")
             prompt, answer = ";".join(ps) + "=", ";".join(ans)
         else:
-            q, answer = one(rng, task)
+            q, answer = one(rng, task, scale, lo)
             prompt = q + "="
         if is_held_out(prompt) == held_out:
             return prompt, answer

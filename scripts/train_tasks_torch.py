@@ -69,8 +69,9 @@ class Batches(torch.utils.data.IterableDataset):
     """Endless (rows, starts) batches of one task each and ≈ `batch_tokens` tokens; every
     data-loader worker process draws from its own seed."""
 
-    def __init__(self, seed, weights, batch_tokens, pad_to):
+    def __init__(self, seed, weights, batch_tokens, pad_to, bands):
         self.seed, self.weights, self.batch_tokens, self.pad_to = seed, weights, batch_tokens, pad_to
+        self.bands = bands
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -78,9 +79,15 @@ class Batches(torch.utils.data.IterableDataset):
         tasks, w = zip(*self.weights.items())
         while True:
             task = rng.choices(tasks, w)[0]
-            probe, _ = layout([example(rng, task)], self.pad_to)
-            n = max(1, self.batch_tokens // probe.shape[1])
-            rows, starts = layout([example(rng, task) for _ in range(n)], self.pad_to)
+            # One length band (a quarter of the range) per batch, as the Rust trainer draws
+            # them: rows then need little EOS padding beyond their own answer region.
+            band = rng.randrange(4) if self.bands else 0
+            scale, lo = ((band + 1) / 4, band / (band + 1)) if self.bands else (1.0, 0.0)
+            first = [example(rng, task, False, scale, lo) for _ in range(4)]
+            probe, _ = layout(first, self.pad_to)
+            n = max(4, self.batch_tokens // probe.shape[1])
+            more = [example(rng, task, False, scale, lo) for _ in range(n - 4)]
+            rows, starts = layout(first + more, self.pad_to)
             yield torch.from_numpy(rows), torch.from_numpy(starts)
 
 
@@ -370,6 +377,9 @@ def parse():
     ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
                     help="task weights of the batches")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-bands", action="store_true",
+                    help="draw every batch from the whole length range (default: one length "
+                    "quarter per batch)")
     ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
@@ -481,7 +491,7 @@ def train(a, dev):
     # Worker processes make the batches (the generator is Python: in the training process it
     # would hold the interpreter lock the training loop needs).
     batches = iter(torch.utils.data.DataLoader(
-        Batches(a.seed, mix, a.batch_tokens, 32), batch_size=None, num_workers=a.producers,
+        Batches(a.seed, mix, a.batch_tokens, 32, not a.no_bands), batch_size=None, num_workers=a.producers,
         pin_memory=cuda, prefetch_factor=8 if a.producers else None))
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     print(f"{a.format}: {n_params / 1e6:.2f} M parameters, d {a.d_model}, {a.layers} layers, "

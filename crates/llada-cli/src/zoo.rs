@@ -40,6 +40,13 @@ pub struct TrainArgs {
     /// Peak learning rate.
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
+    /// AdamW's second-moment decay β₂, in (0, 1).
+    #[arg(long, default_value_t = 0.999, value_parser = parse_open_unit)]
+    beta2: f64,
+    /// Task models: fraction of the run over which task lengths grow from 20 % to 100 % of
+    /// their range (0: full lengths from the start) [default: 0.6].
+    #[arg(long, value_parser = parse_fraction)]
+    curriculum: Option<f64>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Continue from the checkpoint in the output directory.
@@ -267,12 +274,13 @@ impl TrainArgs {
             warmup: 100.min(steps / 10 + 1),
             seed: self.seed,
             checkpoint_every: self.checkpoint_every.max(1),
-            curriculum,
+            curriculum: self.curriculum.unwrap_or(curriculum),
             time_budget_s: self.minutes.map(|m| m * 60.0),
             init_from: self.init_from.clone(),
             data_parallel: self
                 .data_parallel
                 .map_or_else(|| crate::threads_or_all(None), |n| n.get()),
+            beta2: self.beta2,
         }
     }
 }
@@ -290,6 +298,22 @@ fn known_names(names: &[String], known: &[&'static str], what: &str) -> Result<V
                 .with_context(|| format!("unknown {what} '{t}' (one of {})", known.join(", ")))
         })
         .collect()
+}
+
+/// A number in (0, 1).
+fn parse_open_unit(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        _ => Err(format!("expected a number in (0, 1), got '{s}'")),
+    }
+}
+
+/// A number in [0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number in [0, 1], got '{s}'")),
+    }
 }
 
 /// Task-model presets (char vocabulary): (spec, default steps).

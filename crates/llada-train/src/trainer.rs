@@ -41,10 +41,17 @@ pub struct TrainOptions {
     /// whose ops use every thread of the global pool.
     #[serde(default = "one")]
     pub data_parallel: usize,
+    /// AdamW's second-moment decay (candle's default 0.999).
+    #[serde(default = "beta2_default")]
+    pub beta2: f64,
 }
 
 fn one() -> usize {
     1
+}
+
+fn beta2_default() -> f64 {
+    0.999
 }
 
 /// While alive, candle's CPU matmuls run single-threaded (`RAYON_NUM_THREADS=1`, which candle
@@ -851,6 +858,7 @@ pub fn train(
     let params = ParamsAdamW {
         lr: opts.lr,
         weight_decay: 0.01,
+        beta2: opts.beta2,
         ..Default::default()
     };
     let mut opt = AdamW::new(model.varmap.all_vars(), params)?;

@@ -523,6 +523,7 @@ fn time_budget_drives_the_schedule() {
         time_budget_s: None,
         init_from: None,
         data_parallel: 1,
+        beta2: 0.999,
     };
     assert!((run_progress(&o, 500, 1e6) - 0.5).abs() < 1e-12);
     assert!(
@@ -640,6 +641,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         time_budget_s: None,
         init_from,
         data_parallel: 1,
+        beta2: 0.999,
     };
     let (ft, fresh) = (base.join("ft"), base.join("fresh"));
     train(
