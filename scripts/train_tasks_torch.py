@@ -81,8 +81,10 @@ class Batches(torch.utils.data.IterableDataset):
             task = rng.choices(tasks, w)[0]
             # One length band (a quarter of the range) per batch, as the Rust trainer draws
             # them: rows then need little EOS padding beyond their own answer region.
-            band = rng.randrange(4) if self.bands else 0
-            scale, lo = ((band + 1) / 4, band / (band + 1)) if self.bands else (1.0, 0.0)
+            # Multi-question rows have a fixed length and mix question lengths: no band.
+            band = rng.randrange(4)
+            banded = self.bands and task != "multi"
+            scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
             first = [example(rng, task, False, scale, lo) for _ in range(4)]
             probe, _ = layout(first, self.pad_to)
             n = max(4, self.batch_tokens // probe.shape[1])
