@@ -416,15 +416,8 @@ impl DataSource for TaskData {
                 }
                 Some(pick)
             };
-            // Multi-question rows keep the whole length range for each of their questions:
-            // their row length is fixed (fixed columns), so a band saves no padding, and the
-            // held-out rows mix short and long questions, which banded rows never showed
-            // (stop 39: 8 % of those rows solved with bands, 82 % by the PyTorch trainer
-            // without them, same model size and tokens).
-            if task != Some("multi") {
-                gen.scale *= (band + 1.0) / 4.0;
-                gen.lo = band / (band + 1.0);
-            }
+            gen.scale *= (band + 1.0) / 4.0;
+            gen.lo = band / (band + 1.0);
             task
         };
         let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
