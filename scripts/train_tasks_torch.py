@@ -379,9 +379,9 @@ def parse():
     ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
                     help="task weights of the batches")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-bands", action="store_true",
-                    help="draw every batch from the whole length range (default: one length "
-                    "quarter per batch)")
+    ap.add_argument("--bands", action="store_true",
+                    help="one length quarter per single-task batch, as the Rust trainer (default: "
+                    "the whole range; banded runs solved far fewer reversals, docs/training.md)")
     ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
@@ -493,7 +493,7 @@ def train(a, dev):
     # Worker processes make the batches (the generator is Python: in the training process it
     # would hold the interpreter lock the training loop needs).
     batches = iter(torch.utils.data.DataLoader(
-        Batches(a.seed, mix, a.batch_tokens, 32, not a.no_bands), batch_size=None, num_workers=a.producers,
+        Batches(a.seed, mix, a.batch_tokens, 32, a.bands), batch_size=None, num_workers=a.producers,
         pin_memory=cuda, prefetch_factor=8 if a.producers else None))
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     print(f"{a.format}: {n_params / 1e6:.2f} M parameters, d {a.d_model}, {a.layers} layers, "
