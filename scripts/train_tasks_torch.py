@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 # ---------------------------------------------------------------- vocabulary and tasks
 from task_data import (BOS, EOS, MASK, SPECIALS, TASKS, VOCAB,  # noqa: E402
-                       CHARS, check_prompts, decode, example, solve_prompt, tokenizer_json)
+                       CHARS, decode, example, solve_prompt, tokenizer_json)
 
 _LUT = np.zeros(256, dtype=np.int64)
 for _i, _c in enumerate(CHARS):
@@ -235,6 +235,12 @@ def save(model, a, out, extra):
 
 
 # ---------------------------------------------------------------- objectives (objective.rs)
+def weighted_ce(logits, targets, weights):
+    """Σ weight · CE(logits, target) / B (objective.rs `weighted_ce`)."""
+    ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1), reduction="none")
+    return (ce * weights.reshape(-1)).sum() / logits.shape[0]
+
+
 def diffusion_loss(model, rows, starts, shift, eps, structured, gen):
     """Masked-diffusion SFT: stratified t per row, answer positions masked independently with
     probability t, or (a `structured` fraction of rows) the answer's suffix / prefix of ⌈t·L⌉
@@ -264,11 +270,8 @@ def diffusion_loss(model, rows, starts, shift, eps, structured, gen):
     w = masked.float() / (tt * length)
     logits = model(ids, torch.arange(t, device=dev), None)
     if shift:
-        logits, tgt, w = logits[:, :-1], rows[:, 1:], w[:, 1:]
-    else:
-        tgt = rows
-    ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), tgt.reshape(-1), reduction="none")
-    return (ce * w.reshape(-1)).sum() / b
+        return weighted_ce(logits[:, :-1], rows[:, 1:], w[:, 1:])
+    return weighted_ce(logits, rows, w)
 
 
 def warmup_loss(model, rows, starts, fmt):
@@ -283,16 +286,13 @@ def warmup_loss(model, rows, starts, fmt):
         causal = col[None, :] <= col[:, None]
         logits = model(rows, col, causal)[:, :-1]
         w = (col[None, 1:] >= starts[:, None]).float() / length
-        ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), rows[:, 1:].reshape(-1),
-                             reduction="none")
-        return (ce * w.reshape(-1)).sum() / b
+        return weighted_ce(logits, rows[:, 1:], w)
     vis = torch.cat([col + 1, torch.clamp(col, min=1)])  # columns visible to each row (prefix)
     allowed = torch.arange(2 * t, device=dev)[None, :] < vis[:, None]
     ids = torch.cat([rows, torch.full_like(rows, MASK)], 1)
     logits = model(ids, torch.cat([col, col]), allowed)[:, t:]
     w = (col[None, :] >= starts[:, None]).float() / length
-    ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), rows.reshape(-1), reduction="none")
-    return (ce * w.reshape(-1)).sum() / b
+    return weighted_ce(logits, rows, w)
 
 
 # ---------------------------------------------------------------- decoding (llada eval, vanilla)
@@ -395,8 +395,6 @@ def parse():
     ap.add_argument("--dump", help="with --load and --eval-file: write `prompt<TAB>output` "
                     "lines of the file's examples")
     ap.add_argument("--load", help="checkpoint directory to evaluate instead of training")
-    ap.add_argument("--check-prompts", help="file of `prompt<TAB>answer` lines from the Rust "
-                    "generator: check solve() and the held-out hash on them, then exit")
     a = ap.parse_args()
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
     a.ffn = a.ffn or 3 * a.d_model
@@ -446,8 +444,6 @@ def report(label, res):
 
 def main():
     a = parse()
-    if a.check_prompts:
-        sys.exit(0 if check_prompts(a.check_prompts) else 1)
     dev = torch.device(a.device)
     if a.threads:
         torch.set_num_threads(a.threads)
