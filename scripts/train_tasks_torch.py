@@ -51,22 +51,25 @@ def region(answer_len, pad_to):
 
 
 def layout(pairs, pad_to):
-    """`BOS prompt answer EOS…` rows of one length (multiple of 8) and the answer starts."""
+    """`BOS prompt answer EOS…` rows of one length (multiple of 8), the answer starts and each
+    row's own end (`1 + prompt + region`: what `llada eval` lays out for that example alone)."""
     enc = [(encode(p), encode(a)) for p, a in pairs]
     t = max(1 + len(p) + region(len(a), pad_to) for p, a in enc)
     t = -(-t // 8) * 8
     rows = np.full((len(enc), t), EOS, dtype=np.int64)
     starts = np.zeros(len(enc), dtype=np.int64)
+    ends = np.zeros(len(enc), dtype=np.int64)
     for r, (p, a) in enumerate(enc):
         rows[r, 0] = BOS
         rows[r, 1:1 + len(p)] = p
         starts[r] = 1 + len(p)
+        ends[r] = 1 + len(p) + region(len(a), pad_to)
         rows[r, 1 + len(p):1 + len(p) + len(a)] = a
-    return rows, starts
+    return rows, starts, ends
 
 
 class Batches(torch.utils.data.IterableDataset):
-    """Endless (rows, starts) batches of one task each and ≈ `batch_tokens` tokens; every
+    """Endless (rows, starts, ends) batches of one task each and ≈ `batch_tokens` tokens; every
     data-loader worker process draws from its own seed."""
 
     def __init__(self, seed, weights, batch_tokens, pad_to, bands):
@@ -86,11 +89,11 @@ class Batches(torch.utils.data.IterableDataset):
             banded = self.bands and task != "multi"
             scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
             first = [example(rng, task, False, scale, lo) for _ in range(4)]
-            probe, _ = layout(first, self.pad_to)
+            probe, _, _ = layout(first, self.pad_to)
             n = max(4, self.batch_tokens // probe.shape[1])
             more = [example(rng, task, False, scale, lo) for _ in range(n - 4)]
-            rows, starts = layout(first + more, self.pad_to)
-            yield torch.from_numpy(rows), torch.from_numpy(starts)
+            rows, starts, ends = layout(first + more, self.pad_to)
+            yield torch.from_numpy(rows), torch.from_numpy(starts), torch.from_numpy(ends)
 
 
 # ---------------------------------------------------------------- model (llada-train model.rs)
@@ -241,22 +244,29 @@ def weighted_ce(logits, targets, weights):
     return (ce * weights.reshape(-1)).sum() / logits.shape[0]
 
 
-def diffusion_loss(model, rows, starts, shift, eps, structured, gen):
+def diffusion_loss(model, rows, starts, ends, shift, eps, structured, gen):
     """Masked-diffusion SFT: stratified t per row, answer positions masked independently with
     probability t, or (a `structured` fraction of rows) the answer's suffix / prefix of ⌈t·L⌉
     positions; CE on masked positions weighted 1/(t·L), summed, divided by B. Dream (`shift`):
-    position i is predicted from output i − 1."""
+    position i is predicted from output i − 1.
+
+    `ends` None: a row's answer runs to the batch's end (EOS padding up to the longest row is
+    answer, visible to every position and weighted). Otherwise row r is `[0, ends[r])` — its
+    answer is its own EOS-padded region, the padding beyond is hidden from attention and from
+    the loss — so every row trains in exactly the layout `llada eval` decodes it in, whatever
+    else the batch holds."""
     b, t = rows.shape
     dev = rows.device
     col = torch.arange(t, device=dev)[None, :]
     s = starts[:, None]
-    ans = col >= s
-    length = (t - starts).float()[:, None]
+    e = torch.full_like(starts, t) if ends is None else ends
+    ans = (col >= s) & (col < e[:, None])
+    length = (e - starts).float()[:, None]
     u = torch.rand((), generator=gen, device=dev)
     tt = (eps + (1 - eps) * ((torch.arange(b, device=dev) + u) / b))[:, None]
     shape = torch.rand(b, 1, generator=gen, device=dev)
     k = torch.clamp(torch.ceil(tt * length), min=1).long()
-    suffix = col >= (t - k)
+    suffix = ans & (col >= (e[:, None] - k))
     prefix = ans & (col < s + k)
     iid = ans & (torch.rand(b, t, generator=gen, device=dev) < tt)
     masked = torch.where(shape < structured / 2, suffix,
@@ -264,34 +274,38 @@ def diffusion_loss(model, rows, starts, shift, eps, structured, gen):
     # At least one masked answer position per row.
     none = ~masked.any(1)
     if none.any():
-        pick = starts + (torch.rand(b, generator=gen, device=dev) * (t - starts)).long()
+        pick = starts + (torch.rand(b, generator=gen, device=dev) * (e - starts)).long()
         masked[none, pick[none]] = True
     ids = torch.where(masked, torch.full_like(rows, MASK), rows)
     w = masked.float() / (tt * length)
-    logits = model(ids, torch.arange(t, device=dev), None)
+    keys = None if ends is None else (col < e[:, None])[:, None, None, :]
+    logits = model(ids, torch.arange(t, device=dev), keys)
     if shift:
         return weighted_ce(logits[:, :-1], rows[:, 1:], w[:, 1:])
     return weighted_ce(logits, rows, w)
 
 
-def warmup_loss(model, rows, starts, fmt):
+def warmup_loss(model, rows, starts, ends, fmt):
     """Autoregressive warm-up. LLaDA: two streams (content causal, query i sees content < i and
     predicts token i, weight 1/L on answer positions; objective.rs `two_stream_batch`). Dream:
-    causal next-token prediction in the shifted layout."""
+    causal next-token prediction in the shifted layout. `ends` as in `diffusion_loss` (causal
+    attention never sees the padding beyond a row's end, so only the weights change)."""
     b, t = rows.shape
     dev = rows.device
-    length = (t - starts).float()[:, None]
+    e = torch.full_like(starts, t) if ends is None else ends
+    length = (e - starts).float()[:, None]
     col = torch.arange(t, device=dev)
+    inside = col[None, :] < e[:, None]
     if fmt == "dream":
         causal = col[None, :] <= col[:, None]
         logits = model(rows, col, causal)[:, :-1]
-        w = (col[None, 1:] >= starts[:, None]).float() / length
+        w = ((col[None, 1:] >= starts[:, None]) & inside[:, 1:]).float() / length
         return weighted_ce(logits, rows[:, 1:], w)
     vis = torch.cat([col + 1, torch.clamp(col, min=1)])  # columns visible to each row (prefix)
     allowed = torch.arange(2 * t, device=dev)[None, :] < vis[:, None]
     ids = torch.cat([rows, torch.full_like(rows, MASK)], 1)
     logits = model(ids, torch.cat([col, col]), allowed)[:, t:]
-    w = (col[None, :] >= starts[:, None]).float() / length
+    w = ((col[None, :] >= starts[:, None]) & inside).float() / length
     return weighted_ce(logits, rows, w)
 
 
@@ -382,6 +396,11 @@ def parse():
     ap.add_argument("--bands", action="store_true",
                     help="one length quarter per single-task batch, as the Rust trainer (default: "
                     "the whole range; banded runs solved far fewer reversals, docs/training.md)")
+    ap.add_argument("--padding", choices=["hidden", "answer"], default="hidden",
+                    help="EOS padding beyond a row's own answer region, up to the batch's "
+                    "longest row: hidden from attention and loss, so each row trains in the "
+                    "layout `llada eval` decodes it in (default), or `answer`: part of the "
+                    "answer, seen and weighted (stop 39's runs and checkpoint)")
     ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
@@ -401,6 +420,7 @@ def parse():
     a.eps = 1e-5 if a.format == "llada" else 1e-6
     if a.ar_warmup is None:
         a.ar_warmup = 0.3 if a.format == "llada" else 0.5
+    a.row_ends = a.padding == "hidden"
     return a
 
 
@@ -506,14 +526,15 @@ def train(a, dev):
         lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
         for grp in opt.param_groups:
             grp["lr"] = a.lr * lr_scale
-        rows, starts = next(batches)
+        rows, starts, ends = next(batches)
         rows = rows.to(dev, non_blocking=True)
         starts = starts.to(dev, non_blocking=True)
+        ends = ends.to(dev, non_blocking=True) if a.row_ends else None
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             if progress < a.ar_warmup:
-                loss = warmup_loss(model, rows, starts, a.format)
+                loss = warmup_loss(model, rows, starts, ends, a.format)
             else:
-                loss = diffusion_loss(model, rows, starts, a.format == "dream", 0.05,
+                loss = diffusion_loss(model, rows, starts, ends, a.format == "dream", 0.05,
                                       a.structured, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
