@@ -176,6 +176,18 @@ pub struct TrainArgs {
     /// only to the batch's longest answer otherwise].
     #[arg(long)]
     pad_answers: Option<usize>,
+    /// Diffusion task models: what the EOS padding beyond a row's own answer region (up to
+    /// the batch's longest row) is. `answer`: part of the answer, attended to, masked and
+    /// weighted (the recipe of the shipped Rust-trained cards). `hidden`: hidden from attention
+    /// and the loss, so each row trains in the layout `llada eval` decodes it in whatever the
+    /// batch holds (docs/training.md, "Hidden batch padding").
+    #[arg(long, default_value = "answer", value_parser = ["answer", "hidden"])]
+    padding: String,
+    /// Task models: one length band (a quarter of the range) per training batch, as since
+    /// stop 16 (`--bands false`: every batch draws every length; with `--padding answer` a
+    /// short row is then padded to the batch's longest).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    bands: bool,
     /// Task models: draw this share of the training batches' tasks in proportion to each
     /// task's held-out loss (measured before the first step and at every checkpoint), the rest
     /// uniformly, so that late steps go to the tasks still unsolved rather than to those the
@@ -1297,11 +1309,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
             || a.structured_masks.is_some()
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
+            || a.padding != "answer"
+            || !a.bands
             || a.adaptive_mix != 0.0
             || !a.multi_tasks.is_empty()
         {
             bail!(
-                "--tasks, --structured-masks, --batch-tokens, --pad-answers, --adaptive-mix and --multi-tasks apply to the task presets \
+                "--tasks, --structured-masks, --batch-tokens, --pad-answers, --padding, --bands, --adaptive-mix and --multi-tasks apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -1359,10 +1373,12 @@ pub fn train(a: TrainArgs) -> Result<()> {
     let two_stream = a
         .two_stream
         .unwrap_or(spec.format == Format::LLaDA && ar_warmup > 0.0);
-    if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0)) && spec.format == Format::Llama {
+    if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0) || a.padding != "answer")
+        && spec.format == Format::Llama
+    {
         bail!(
-            "--ar-warmup and --pad-answers apply to diffusion models (tiny-llada-tasks, \
-             tiny-dream-tasks)"
+            "--ar-warmup, --pad-answers and --padding apply to diffusion models \
+             (tiny-llada-tasks, tiny-dream-tasks)"
         );
     }
     // Announced once every option has been checked (a bad one is an error before this line).
@@ -1384,6 +1400,8 @@ pub fn train(a: TrainArgs) -> Result<()> {
         ar_warmup,
         two_stream,
         pad_answers,
+        hide_padding: a.padding == "hidden",
+        bands: a.bands,
         mix: llada_train::trainer::TaskMix::with_adaptive(a.adaptive_mix),
     };
     data.mix.multi = multi_tasks;

@@ -34,6 +34,8 @@ fn main() -> anyhow::Result<()> {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        hide_padding: false,
+        bands: true,
         mix: Default::default(),
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);

@@ -33,6 +33,14 @@ pub enum Visibility {
     Causal,
     /// Row `i` sees columns `0..prefix[i]` (each at least 1; `prefix.len() == T`).
     Prefix(std::sync::Arc<Vec<u32>>),
+    /// Per sequence: every row of batch element `b` sees columns `0..ends[b]` (key padding
+    /// beyond a row's own end hidden; [`crate::objective::diffusion_batch_padded`]).
+    /// `per` is the number of `[T]` rows of one batch element (`H · T` for `[B, H, T, T]`
+    /// scores), and the scores must hold exactly `ends.len() · per` rows.
+    Ends {
+        ends: std::sync::Arc<Vec<u32>>,
+        per: usize,
+    },
 }
 
 /// Softmax over the last dimension of an f32 tensor; with `causal`, row `i` of each trailing
@@ -83,6 +91,16 @@ fn row_len(shape: &Shape, vis: &Visibility, op: &str) -> Result<usize> {
         {
             candle_core::bail!("{op}: a prefix table of {} entries in 1..={n} needs square [.., {n}, {n}] scores, got {dims:?}", p.len())
         }
+        Visibility::Ends { ends, per }
+            if *per == 0
+                || shape.elem_count() / n != ends.len() * per
+                || ends.iter().any(|&m| m == 0 || m as usize > n) =>
+        {
+            candle_core::bail!(
+                "{op}: {} row ends in 1..={n} of {per} rows each do not fit scores {dims:?}",
+                ends.len()
+            )
+        }
         _ => {}
     }
     Ok(n)
@@ -94,6 +112,7 @@ fn visible(r: usize, n: usize, vis: &Visibility) -> usize {
         Visibility::All => n,
         Visibility::Causal => r % n + 1,
         Visibility::Prefix(p) => p[r % n] as usize,
+        Visibility::Ends { ends, per } => ends[r / per] as usize,
     }
 }
 

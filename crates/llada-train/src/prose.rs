@@ -193,6 +193,7 @@ pub fn pretrain_batch(
         causal: false,
         two_stream: false,
         soft: None,
+        ends: None,
     })
 }
 
@@ -224,6 +225,7 @@ pub fn next_token_windows(rows: &[Vec<u32>], dev: &Device) -> Result<Batch> {
         causal: true,
         two_stream: false,
         soft: None,
+        ends: None,
     })
 }
 

@@ -351,6 +351,13 @@ pub struct TaskData {
     /// `llada eval` decodes ([`crate::objective::layout_padded`]). Held-out batches keep the
     /// unpadded layout.
     pub pad_answers: usize,
+    /// Diffusion rows: hide the EOS padding beyond each row's own answer region from
+    /// attention and loss ([`crate::objective::diffusion_batch_padded`]'s `hide_padding`), so
+    /// rows of any length share a batch without changing what each one trains on.
+    pub hide_padding: bool,
+    /// One length band (a quarter of the range) per training batch (true since stop 16:
+    /// without hidden padding it kept a short row's padding small); false draws every length.
+    pub bands: bool,
     /// How batches choose their task (uniform unless `mix.adaptive` > 0).
     pub mix: TaskMix,
 }
@@ -393,14 +400,20 @@ impl DataSource for TaskData {
         } else {
             (0.2 + 0.8 * progress / self.curriculum.max(1e-9)).min(1.0) * self.max_scale
         };
-        // Training batches are bucketed: one task and one length band (a quarter of the range)
-        // per batch, so rows need little EOS padding beyond their own answer (mixed-length
-        // batches made the padding dominate the 1/(t·L) loss). The held-out batch mixes all
-        // (the trainer's loss report uses `heldout_batches` instead).
+        // Training batches are bucketed: one task and (with `bands`) one length band (a quarter
+        // of the range) per batch, so rows need little EOS padding beyond their own answer
+        // (mixed-length batches made the padding dominate the 1/(t·L) loss, unless it is
+        // hidden). The held-out batch mixes all (the trainer's loss report uses
+        // `heldout_batches` instead).
         let task = if heldout {
             None
         } else {
-            let band = rand::Rng::random_range(&mut *rng, 0..4u32) as f64;
+            // Drawn only with bands: with them the random stream is the one before `bands`.
+            let band = if self.bands {
+                Some(rand::Rng::random_range(&mut *rng, 0..4u32) as f64)
+            } else {
+                None
+            };
             let task = if self.mix.weights.is_empty() {
                 Some(gen.tasks[rand::Rng::random_range(&mut *rng, 0..gen.tasks.len())])
             } else {
@@ -416,8 +429,10 @@ impl DataSource for TaskData {
                 }
                 Some(pick)
             };
-            gen.scale *= (band + 1.0) / 4.0;
-            gen.lo = band / (band + 1.0);
+            if let Some(band) = band {
+                gen.scale *= (band + 1.0) / 4.0;
+                gen.lo = band / (band + 1.0);
+            }
             task
         };
         let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
@@ -433,7 +448,18 @@ impl DataSource for TaskData {
             ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
         }
         let structured = if heldout { 0.0 } else { self.structured };
-        encode(&ex, spec, ar, self.two_stream, structured, pad, rng, dev)
+        let hide = self.hide_padding && !heldout;
+        encode(
+            &ex,
+            spec,
+            ar,
+            self.two_stream,
+            structured,
+            pad,
+            hide,
+            rng,
+            dev,
+        )
     }
     /// One batch per task and length quarter (`batch / 4` held-out rows each, at least 1),
     /// each with independent masks. Since stop 16; before, one batch mixed every task and
@@ -459,7 +485,7 @@ impl DataSource for TaskData {
             let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
-                out.push(encode(band, spec, false, false, 0.0, 0, rng, dev)?);
+                out.push(encode(band, spec, false, false, 0.0, 0, false, rng, dev)?);
                 self.mix.heldout_task.push(t);
             }
         }
@@ -526,6 +552,7 @@ fn encode(
     two_stream: bool,
     structured: f64,
     pad_to: usize,
+    hide_padding: bool,
     rng: &mut rand::rngs::StdRng,
     dev: &Device,
 ) -> Result<crate::objective::Batch> {
@@ -544,6 +571,7 @@ fn encode(
             f == Format::Dream,
             structured,
             pad_to,
+            hide_padding,
             rng,
             dev,
         )?,
@@ -627,6 +655,7 @@ pub fn distill_batch(
         causal: true,
         two_stream: false,
         soft: (!soft.is_empty()).then_some(st),
+        ends: None,
     })
 }
 
@@ -742,6 +771,12 @@ fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_
     let logits = if b.two_stream {
         let (positions, vis) = crate::objective::two_stream_layout(b.ids.dim(1)? / 2);
         model.forward_with(&b.ids, Some(&positions), vis)?
+    } else if let Some(ends) = &b.ends {
+        let vis = crate::ops::Visibility::Ends {
+            ends: std::sync::Arc::new(ends.clone()),
+            per: s.n_heads * b.ids.dim(1)?,
+        };
+        model.forward_with(&b.ids, None, vis)?
     } else {
         model.forward(&b.ids, b.causal || s.format == Format::Llama)?
     };
@@ -793,6 +828,8 @@ pub fn train_tasks(
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        hide_padding: false,
+        bands: true,
         mix: TaskMix::default(),
     };
     train(spec, opts, out, resume, quiet, &mut data)
@@ -842,7 +879,20 @@ pub fn train(
     let mut wall0 = 0.0;
     let mut tokens: u64 = 0;
     if resume && state_path.exists() {
-        let st: TrainState = serde_json::from_str(&std::fs::read_to_string(&state_path)?)?;
+        let text = std::fs::read_to_string(&state_path)
+            .with_context(|| format!("reading {}", state_path.display()))?;
+        // A checkpoint trained by scripts/train_tasks_torch.py has a state file of its own
+        // (steps, options, no AdamW step counter in our layout): say so instead of serde's
+        // "missing field".
+        let st: TrainState = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a `llada train` state, so {} cannot be resumed (was it written by \
+                 scripts/train_tasks_torch.py? Its weights can be fine-tuned with --init-from \
+                 into another --out directory)",
+                state_path.display(),
+                out.display()
+            )
+        })?;
         load_weights(&model, out, &dev)?;
         start = st.step;
         wall0 = st.wall_s;

@@ -108,6 +108,8 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 ar_warmup: 0.0,
                 two_stream: false,
                 pad_answers: 0,
+                hide_padding: false,
+                bands: true,
                 mix: Default::default(),
             },
             &dir,
@@ -614,6 +616,8 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        hide_padding: false,
+        bands: true,
         mix: Default::default(),
     };
     let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
@@ -684,6 +688,29 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("has shape"), "{err}");
+    // Resuming a directory whose train_state.json another trainer wrote (the PyTorch script's
+    // layout) is refused with the reason, and the directory is left as it was.
+    let foreign = base.join("foreign");
+    save_with(&m, &data(), &foreign).unwrap();
+    let state = r#"{"steps": 11009, "tokens": 25905664, "wall_s": 2700.0, "options": {}}"#;
+    std::fs::write(foreign.join("train_state.json"), state).unwrap();
+    let before = weights(&foreign);
+    let err = train(
+        spec(Format::LLaDA),
+        opts(None),
+        &foreign,
+        true,
+        true,
+        &mut data(),
+    )
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("is not a `llada train` state"), "{msg}");
+    assert_eq!(weights(&foreign), before, "nothing overwritten");
+    assert_eq!(
+        std::fs::read_to_string(foreign.join("train_state.json")).unwrap(),
+        state
+    );
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -703,6 +730,8 @@ fn token_budget_trims_long_batches_only() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        hide_padding: false,
+        bands: true,
         mix: Default::default(),
     };
     for step in 0..6 {
@@ -987,6 +1016,8 @@ fn adaptive_mix_draws_tasks_by_held_out_loss() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        hide_padding: false,
+        bands: true,
         mix: TaskMix::with_adaptive(1.0),
     };
     let task_of = |data: &mut TaskData, step: u64| -> String {
@@ -1048,4 +1079,155 @@ fn python_task_generator_agrees() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("700/700"), "{text}");
+}
+
+/// Hidden batch padding (`diffusion_batch_padded(.., hide_padding = true, ..)`): a row of a
+/// batch with longer rows trains exactly as it would alone in its own `llada eval` layout
+/// (`BOS prompt answer-region`). Its masks and weights stay inside its region, its logits
+/// equal a pass over the row cut at its end, and the batch's loss gradient equals the mean of
+/// the rows' gradients computed alone — in both formats (Dream's shifted targets included).
+/// With the padding as answer (the default before), the short row's logits change.
+#[test]
+fn hidden_padding_trains_each_row_as_if_alone() {
+    use llada_train::objective::{answer_region, diffusion_batch_padded, Batch};
+    use llada_train::ops::Visibility;
+    use std::sync::Arc;
+    let dev = Device::Cpu;
+    for format in [Format::LLaDA, Format::Dream] {
+        let shift = format == Format::Dream;
+        let model = TrainModel::new(spec(format), &dev, 5).unwrap();
+        let mut g = TaskGen::new(11, false);
+        // Sorts of very different lengths: regions of 32 and 64 tokens.
+        let mut ex = vec![];
+        while ex.len() < 3 {
+            let e = g.next(Some("sort"));
+            let long = e.answer.len() > 40;
+            if ex.len() == 2 && long || ex.len() < 2 && !long {
+                ex.push(e);
+            }
+        }
+        let mk = |hide: bool| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+            diffusion_batch_padded(&ex, MASK, 0.05, shift, 0.5, 32, hide, &mut rng, &dev).unwrap()
+        };
+        let (b, open) = (mk(true), mk(false));
+        assert!(open.ends.is_none());
+        let ends = b.ends.clone().expect("hidden padding sets row ends");
+        let (rows, t) = b.ids.dims2().unwrap();
+        let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+        for (r, e) in ex.iter().enumerate() {
+            let s = 1 + CharVocab::encode(&e.prompt).len();
+            let end = s + answer_region(CharVocab::encode(&e.answer).len(), 1, 32);
+            assert_eq!(ends[r] as usize, end);
+            // Weights (already shifted for Dream: entry i is target i + 1) only in s..end.
+            let off = usize::from(shift);
+            for (i, &wi) in w[r].iter().enumerate() {
+                let pos = i + off;
+                if !(s..end).contains(&pos) {
+                    assert_eq!(wi, 0.0, "row {r} weight at {pos} outside {s}..{end}");
+                }
+            }
+            assert!(w[r].iter().any(|&x| x > 0.0));
+        }
+        let vis = |ends: &[u32], t: usize| Visibility::Ends {
+            ends: Arc::new(ends.to_vec()),
+            per: spec(format).n_heads * t,
+        };
+        let full: Vec<Vec<Vec<f32>>> = model
+            .forward_with(&b.ids, None, vis(&ends, t))
+            .unwrap()
+            .to_vec3()
+            .unwrap();
+        let opened: Vec<Vec<Vec<f32>>> = model.forward(&b.ids, false).unwrap().to_vec3().unwrap();
+        // Row r alone, cut at its end, as a one-row batch.
+        let alone = |r: usize| -> Batch {
+            let end = ends[r] as usize;
+            let n = if shift { end - 1 } else { end };
+            Batch {
+                ids: b.ids.narrow(0, r, 1).unwrap().narrow(1, 0, end).unwrap(),
+                targets: b.targets.narrow(0, r, 1).unwrap().narrow(1, 0, n).unwrap(),
+                weights: b.weights.narrow(0, r, 1).unwrap().narrow(1, 0, n).unwrap(),
+                tokens: end,
+                causal: false,
+                two_stream: false,
+                soft: None,
+                ends: None,
+            }
+        };
+        let mut max_diff = 0f32;
+        for r in 0..rows {
+            let end = ends[r] as usize;
+            let one: Vec<Vec<f32>> = model
+                .forward(&alone(r).ids, false)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec2()
+                .unwrap();
+            for i in 0..end {
+                for (a, c) in full[r][i].iter().zip(&one[i]) {
+                    max_diff = max_diff.max((a - c).abs());
+                }
+            }
+        }
+        assert!(
+            max_diff < 1e-4,
+            "{format:?}: hidden rows differ from alone by {max_diff}"
+        );
+        let short = (0..rows).min_by_key(|&r| ends[r]).unwrap();
+        let seen: f32 = (0..ends[short] as usize)
+            .flat_map(|i| full[short][i].iter().zip(&opened[short][i]))
+            .map(|(a, c)| (a - c).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            seen > 1e-3,
+            "{format:?}: visible padding should change the short row"
+        );
+        // Gradients: batch loss (Σ over rows / B) against the rows' own losses / B.
+        let vars = model.varmap.all_vars();
+        let logits = model.forward_with(&b.ids, None, vis(&ends, t)).unwrap();
+        let gb = weighted_ce(&logits, &b, shift).unwrap().backward().unwrap();
+        let mut sum: Vec<Option<Tensor>> = vec![None; vars.len()];
+        for r in 0..rows {
+            let a = alone(r);
+            let lg = model.forward(&a.ids, false).unwrap();
+            let gr = (weighted_ce(&lg, &a, shift).unwrap() / rows as f64)
+                .unwrap()
+                .backward()
+                .unwrap();
+            for (k, v) in vars.iter().enumerate() {
+                if let Some(x) = gr.get(v.as_tensor()) {
+                    sum[k] = Some(match sum[k].take() {
+                        Some(s) => (s + x).unwrap(),
+                        None => x.clone(),
+                    });
+                }
+            }
+        }
+        for (k, v) in vars.iter().enumerate() {
+            let x = gb
+                .get(v.as_tensor())
+                .expect("every parameter gets a gradient");
+            let y = sum[k].as_ref().expect("and alone too");
+            let d = (x - y)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let m = x
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(
+                d <= 1e-4 * m.max(1e-3),
+                "{format:?}: gradient {k} differs by {d} (max {m})"
+            );
+        }
+    }
 }
