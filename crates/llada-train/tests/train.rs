@@ -1209,21 +1209,9 @@ fn hidden_padding_trains_each_row_as_if_alone() {
                 .get(v.as_tensor())
                 .expect("every parameter gets a gradient");
             let y = sum[k].as_ref().expect("and alone too");
-            let d = (x - y)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            let m = x
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let max_abs =
+                |t: &Tensor| -> f32 { t.abs().unwrap().max_all().unwrap().to_scalar().unwrap() };
+            let (d, m) = (max_abs(&(x - y).unwrap()), max_abs(x));
             assert!(
                 d <= 1e-4 * m.max(1e-3),
                 "{format:?}: gradient {k} differs by {d} (max {m})"
