@@ -289,6 +289,20 @@ fn bad_input_is_a_clear_error() {
             &[
                 "train",
                 "--preset",
+                "tiny-llada-prose",
+                "--padding",
+                "hidden",
+            ],
+            "--padding, --bands",
+        ),
+        (
+            &["train", "--preset", "tiny-ar-tasks", "--padding", "hidden"],
+            "--padding apply to diffusion models",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
                 "tiny-llada-tasks",
                 "--multi-tasks",
                 "rev,sort",
