@@ -180,7 +180,8 @@ pub struct TrainArgs {
     /// the batch's longest row) is. `answer`: part of the answer, attended to, masked and
     /// weighted (the recipe of the shipped Rust-trained cards). `hidden`: hidden from attention
     /// and the loss, so each row trains in the layout `llada eval` decodes it in whatever the
-    /// batch holds (docs/training.md, "Hidden batch padding").
+    /// batch holds; the autoregressive warm-up's loss then stops at each row's answer and one
+    /// EOS too (docs/training.md, "Hidden batch padding").
     #[arg(long, default_value = "answer", value_parser = ["answer", "hidden"])]
     padding: String,
     /// Task models: one length band (a quarter of the range) per training batch, as since

@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
         for step in 0..steps {
             let ex: Vec<_> = (0..32).map(|_| g.next(Some("rev"))).collect();
             let b = if ar {
-                llada_train::objective::next_token_batch(&ex, &dev)?
+                llada_train::objective::next_token_batch(&ex, false, &dev)?
             } else {
                 diffusion_batch(&ex, MASK, 0.05, false, &mut rng, &dev)?
             };

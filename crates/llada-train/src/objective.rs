@@ -28,7 +28,7 @@ pub struct Batch {
     /// Per-row ends (bidirectional batches with hidden padding): row `r` is `0..ends[r]`; the
     /// EOS padding beyond, up to the batch's longest row, is hidden from attention and carries
     /// no loss. `None`: every row spans the whole batch.
-    pub ends: Option<Vec<u32>>,
+    pub ends: Option<std::sync::Arc<[u32]>>,
 }
 
 impl Batch {
@@ -60,7 +60,7 @@ impl Batch {
             causal: self.causal,
             two_stream: self.two_stream,
             soft,
-            ends: self.ends.as_ref().map(|e| e[start..start + n].to_vec()),
+            ends: self.ends.as_ref().map(|e| e[start..start + n].into()),
         })
     }
 }
@@ -76,7 +76,8 @@ pub struct SoftTargets {
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
 /// rows and the index where each answer starts.
 pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
-    layout_padded(examples, min_pad, 0)
+    let (rows, starts, _) = layout_padded(examples, min_pad, 0);
+    (rows, starts)
 }
 
 /// Tokens an answer of `answer` tokens occupies in a [`layout_padded`] row: itself and at least
@@ -92,12 +93,14 @@ pub fn answer_region(answer: usize, min_pad: usize, pad_to: usize) -> usize {
 /// [`layout`] where every answer region (answer + EOS padding) is at least `answer + min_pad`
 /// rounded up to a multiple of `pad_to` (0: no rounding) — the generation lengths `llada eval`
 /// decodes with (`(answer + 1)` rounded up to whole 32-token blocks), so that a model meets the
-/// long EOS tails of decoding in training too.
+/// long EOS tails of decoding in training too. Returns the rows, the index where each answer
+/// starts and where each row's own region ends (`start + region`; the EOS beyond, up to the
+/// batch's longest row, is only there to make the rows one length).
 pub fn layout_padded(
     examples: &[Example],
     min_pad: usize,
     pad_to: usize,
-) -> (Vec<Vec<u32>>, Vec<usize>) {
+) -> (Vec<Vec<u32>>, Vec<usize>, Vec<usize>) {
     let enc: Vec<(Vec<u32>, Vec<u32>)> = examples
         .iter()
         .map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer)))
@@ -110,15 +113,17 @@ pub fn layout_padded(
         .next_multiple_of(8);
     let mut rows = vec![];
     let mut starts = vec![];
+    let mut ends = vec![];
     for (p, a) in enc {
         let mut r = vec![BOS];
         r.extend(&p);
         starts.push(r.len());
+        ends.push(r.len() + answer_region(a.len(), min_pad, pad_to));
         r.extend(&a);
         r.resize(t, EOS);
         rows.push(r);
     }
-    (rows, starts)
+    (rows, starts, ends)
 }
 
 /// A masked-diffusion batch. `shift`: Dream's shifted logits (targets at `i` read logits at
@@ -168,19 +173,11 @@ pub fn diffusion_batch_padded(
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts) = layout_padded(examples, 1, pad_to);
+    let (rows, starts, mut ends) = layout_padded(examples, 1, pad_to);
     let (b, t) = (rows.len(), rows[0].len());
-    let ends: Vec<usize> = examples
-        .iter()
-        .zip(&starts)
-        .map(|(e, &s)| {
-            if hide_padding {
-                s + answer_region(CharVocab::encode(&e.answer).len(), 1, pad_to)
-            } else {
-                t
-            }
-        })
-        .collect();
+    if !hide_padding {
+        ends.fill(t);
+    }
     let mut ids = Vec::with_capacity(b * t);
     let mut tg = Vec::with_capacity(b * t);
     let mut w = Vec::with_capacity(b * t);
@@ -243,9 +240,10 @@ pub fn diffusion_batch_padded(
     })
 }
 
-/// A next-token batch over the answers (causal models).
-pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
-    next_token(examples, false, dev)
+/// A next-token batch over the answers (causal models, and a LLaDA model's plain next-token
+/// warm-up). `hide_padding`: as in [`shifted_next_token_batch`].
+pub fn next_token_batch(examples: &[Example], hide_padding: bool, dev: &Device) -> Result<Batch> {
+    next_token(examples, false, hide_padding, dev)
 }
 
 /// A next-token batch in Dream's shifted layout, for a bidirectional Dream model's
@@ -253,24 +251,39 @@ pub fn next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
 /// Dream model starts with a phase of the same objective): `ids` are the whole unmasked rows
 /// `[B, T]`, `targets[i]` = `row[i + 1]` `[B, T − 1]`, weight `1/L` on answer positions, and the
 /// forward runs causally. The loss is the one of [`weighted_ce`] with `shift`.
-pub fn shifted_next_token_batch(examples: &[Example], dev: &Device) -> Result<Batch> {
-    next_token(examples, true, dev)
+///
+/// `hide_padding`: `L` is the row's own answer and its one EOS; the EOS padding beyond, up to
+/// the batch's longest row, carries no loss (causal attention never reaches it from inside the
+/// row), as in [`diffusion_batch_padded`]. Otherwise every position after the prompt counts.
+pub fn shifted_next_token_batch(
+    examples: &[Example],
+    hide_padding: bool,
+    dev: &Device,
+) -> Result<Batch> {
+    next_token(examples, true, hide_padding, dev)
 }
 
 /// Targets `row[1..]` weighted `1/L` on answer positions, causal. Inputs are `row[..T − 1]`,
 /// or the whole row with `whole_rows` (Dream's layout: its last output carries no loss).
-fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Batch> {
-    let (rows, starts) = layout(examples, 1);
+/// `hide_padding`: answer positions stop at the row's own end (answer + one EOS).
+fn next_token(
+    examples: &[Example],
+    whole_rows: bool,
+    hide_padding: bool,
+    dev: &Device,
+) -> Result<Batch> {
+    let (rows, starts, ends) = layout_padded(examples, 1, 0);
     let (b, t) = (rows.len(), rows[0].len());
     let ti = if whole_rows { t } else { t - 1 };
     let mut ids: Vec<u32> = Vec::with_capacity(b * ti);
     let mut tg: Vec<u32> = Vec::with_capacity(b * (t - 1));
     let mut w: Vec<f32> = Vec::with_capacity(b * (t - 1));
-    for (row, &s) in rows.iter().zip(&starts) {
-        let l = (t - s) as f32;
+    for ((row, &s), &e) in rows.iter().zip(&starts).zip(&ends) {
+        let end = if hide_padding { e } else { t };
+        let l = (end - s) as f32;
         ids.extend(&row[..ti]);
         tg.extend(&row[1..]);
-        w.extend((1..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
+        w.extend((1..t).map(|i| if i >= s && i < end { 1.0 / l } else { 0.0 }));
     }
     Ok(Batch {
         ids: Tensor::from_vec(ids, (b, ti), dev)?,
@@ -297,18 +310,32 @@ fn next_token(examples: &[Example], whole_rows: bool, dev: &Device) -> Result<Ba
 /// nothing of the query stream, not even itself). Both visibilities are prefixes of the
 /// column order, so the fused softmax applies them ([`crate::ops::Visibility::Prefix`]).
 /// Targets: token `i` at query `i` for answer positions, weight `1/L`; the content stream
-/// carries no loss. Positions and visibility: [`two_stream_layout`].
-pub fn two_stream_batch(examples: &[Example], mask_id: u32, dev: &Device) -> Result<Batch> {
-    let (rows, starts) = layout(examples, 1);
-    two_stream_rows(&rows, &starts, mask_id, dev)
+/// carries no loss. Positions and visibility: [`two_stream_layout`]. `hide_padding`: as in
+/// [`shifted_next_token_batch`], `L` stops at the row's own end (answer + one EOS).
+pub fn two_stream_batch(
+    examples: &[Example],
+    mask_id: u32,
+    hide_padding: bool,
+    dev: &Device,
+) -> Result<Batch> {
+    let (rows, starts, ends) = layout_padded(examples, 1, 0);
+    two_stream_rows(
+        &rows,
+        &starts,
+        hide_padding.then_some(&ends[..]),
+        mask_id,
+        dev,
+    )
 }
 
 /// [`two_stream_batch`] over token rows of one length: query `i` of row `r` carries the loss
-/// `1/(t − starts[r])` from `starts[r]` on (the answer start; 1 for prose windows, whose
-/// position 0 has no left context).
+/// `1/(end − starts[r])` on `starts[r]..end` (from the answer start; 1 for prose windows, whose
+/// position 0 has no left context), where `end` is `ends[r]` or, without `ends`, the row's
+/// length.
 pub fn two_stream_rows(
     rows: &[Vec<u32>],
     starts: &[usize],
+    ends: Option<&[usize]>,
     mask_id: u32,
     dev: &Device,
 ) -> Result<Batch> {
@@ -316,14 +343,15 @@ pub fn two_stream_rows(
     let mut ids: Vec<u32> = Vec::with_capacity(b * 2 * t);
     let mut tg: Vec<u32> = Vec::with_capacity(b * 2 * t);
     let mut w: Vec<f32> = Vec::with_capacity(b * 2 * t);
-    for (row, &s) in rows.iter().zip(starts) {
-        let l = (t - s) as f32;
+    for (r, (row, &s)) in rows.iter().zip(starts).enumerate() {
+        let end = ends.map_or(t, |e| e[r]);
+        let l = (end - s) as f32;
         ids.extend(row);
         ids.extend(std::iter::repeat_n(mask_id, t));
         tg.extend(std::iter::repeat_n(0, t));
         tg.extend(row);
         w.extend(std::iter::repeat_n(0.0, t));
-        w.extend((0..t).map(|i| if i >= s { 1.0 / l } else { 0.0 }));
+        w.extend((0..t).map(|i| if i >= s && i < end { 1.0 / l } else { 0.0 }));
     }
     Ok(Batch {
         ids: Tensor::from_vec(ids, (b, 2 * t), dev)?,
@@ -480,12 +508,13 @@ mod tests {
         let mut g = TaskGen::new(9, false);
         for task in ["add", "rev", "sort"] {
             let ex: Vec<Example> = (0..6).map(|_| g.next(Some(task))).collect();
-            let (rows, starts) = layout_padded(&ex, 1, 32);
-            for ((row, &s), e) in rows.iter().zip(&starts).zip(&ex) {
+            let (rows, starts, ends) = layout_padded(&ex, 1, 32);
+            for (((row, &s), &end), e) in rows.iter().zip(&starts).zip(&ends).zip(&ex) {
                 let a = e.answer.chars().count();
-                // The region eval decodes, (answer + 1) rounded up to 32, fits in the row, and
-                // everything after the answer is EOS.
+                // The region eval decodes, (answer + 1) rounded up to 32, fits in the row, ends
+                // the row's own region, and everything after the answer is EOS.
                 assert!(row.len() - s >= (a + 1).next_multiple_of(32), "{task}");
+                assert_eq!(end, s + (a + 1).next_multiple_of(32), "{task}");
                 assert!(row[s + a..].iter().all(|&t| t == EOS), "{task}");
             }
             let (plain, _) = layout(&ex, 1);
@@ -511,7 +540,7 @@ mod tests {
         let mut g = TaskGen::new(6, false);
         let ex: Vec<Example> = (0..4).map(|_| g.next(Some("add"))).collect();
         let (rows, starts) = layout(&ex, 1);
-        let b = shifted_next_token_batch(&ex, &Device::Cpu).unwrap();
+        let b = shifted_next_token_batch(&ex, false, &Device::Cpu).unwrap();
         assert!(b.causal);
         let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
         let tg: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
@@ -525,6 +554,42 @@ mod tests {
             for (i, &wi) in w[r].iter().enumerate() {
                 let expect = if i + 1 >= starts[r] { 1.0 / l } else { 0.0 };
                 assert_eq!(wi, expect);
+            }
+        }
+    }
+
+    #[test]
+    fn hidden_padding_stops_the_warm_up_loss_at_each_rows_end() {
+        // Sorts of very different lengths: short rows carry long EOS tails.
+        let mut g = TaskGen::new(8, false);
+        let ex: Vec<Example> = (0..8).map(|_| g.next(Some("sort"))).collect();
+        let (rows, starts, ends) = layout_padded(&ex, 1, 0);
+        let t = rows[0].len();
+        assert!(ends.iter().any(|&e| e + 8 < t), "a short row");
+        let dev = Device::Cpu;
+        // (batch, offset of row position in a weight row, hide)
+        for hide in [false, true] {
+            let shifted = shifted_next_token_batch(&ex, hide, &dev).unwrap();
+            let plain = next_token_batch(&ex, hide, &dev).unwrap();
+            let two = two_stream_batch(&ex, 2, hide, &dev).unwrap();
+            for (b, at) in [(&shifted, 1usize), (&plain, 1), (&two, 0)] {
+                let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+                for r in 0..ex.len() {
+                    let end = if hide { ends[r] } else { t };
+                    // Two-stream rows: content stream first (no loss), then the query stream.
+                    let q = &w[r][w[r].len() - (t - at)..];
+                    for (i, &wi) in q.iter().enumerate() {
+                        let pos = i + at;
+                        let expect = if pos >= starts[r] && pos < end {
+                            1.0 / (end - starts[r]) as f32
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(wi, expect, "hide {hide} row {r} position {pos}");
+                    }
+                    let total: f32 = w[r].iter().sum();
+                    assert!((total - 1.0).abs() < 1e-4, "row {r}: {total}");
+                }
             }
         }
     }

@@ -38,7 +38,7 @@ pub enum Visibility {
     /// `per` is the number of `[T]` rows of one batch element (`H · T` for `[B, H, T, T]`
     /// scores), and the scores must hold exactly `ends.len() · per` rows.
     Ends {
-        ends: std::sync::Arc<Vec<u32>>,
+        ends: std::sync::Arc<[u32]>,
         per: usize,
     },
 }

@@ -207,6 +207,7 @@ pub fn two_stream_windows(rows: &[Vec<u32>], mask_id: u32, dev: &Device) -> Resu
     Ok(crate::objective::two_stream_rows(
         rows,
         &vec![1; rows.len()],
+        None,
         mask_id,
         dev,
     )?)

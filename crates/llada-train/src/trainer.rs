@@ -353,7 +353,9 @@ pub struct TaskData {
     pub pad_answers: usize,
     /// Diffusion rows: hide the EOS padding beyond each row's own answer region from
     /// attention and loss ([`crate::objective::diffusion_batch_padded`]'s `hide_padding`), so
-    /// rows of any length share a batch without changing what each one trains on.
+    /// rows of any length share a batch without changing what each one trains on. The
+    /// autoregressive warm-up rows then stop their loss at the row's answer and one EOS
+    /// (causal: no attention reaches beyond).
     pub hide_padding: bool,
     /// One length band (a quarter of the range) per training batch (true since stop 16:
     /// without hidden padding it kept a short row's padding small); false draws every length.
@@ -557,13 +559,13 @@ fn encode(
     dev: &Device,
 ) -> Result<crate::objective::Batch> {
     Ok(match spec.format {
-        Format::Llama => next_token_batch(ex, dev)?,
-        Format::Dream if ar => shifted_next_token_batch(ex, dev)?,
+        Format::Llama => next_token_batch(ex, false, dev)?,
+        Format::Dream if ar => shifted_next_token_batch(ex, hide_padding, dev)?,
         // LLaDA has no shifted head: its warm-up is plain next-token prediction with causal
         // attention (output `i` predicts token `i + 1`), so the masked-diffusion phase has to
         // move each prediction one position right — one attention head's job.
-        Format::LLaDA if ar && two_stream => two_stream_batch(ex, spec.mask_id, dev)?,
-        Format::LLaDA if ar => next_token_batch(ex, dev)?,
+        Format::LLaDA if ar && two_stream => two_stream_batch(ex, spec.mask_id, hide_padding, dev)?,
+        Format::LLaDA if ar => next_token_batch(ex, hide_padding, dev)?,
         f => diffusion_batch_padded(
             ex,
             spec.mask_id,
@@ -773,7 +775,7 @@ fn batch_loss(model: &TrainModel, b: &crate::objective::Batch) -> Result<candle_
         model.forward_with(&b.ids, Some(&positions), vis)?
     } else if let Some(ends) = &b.ends {
         let vis = crate::ops::Visibility::Ends {
-            ends: std::sync::Arc::new(ends.clone()),
+            ends: ends.clone(),
             per: s.n_heads * b.ids.dim(1)?,
         };
         model.forward_with(&b.ids, None, vis)?

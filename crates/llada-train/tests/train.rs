@@ -43,7 +43,7 @@ fn a_few_steps_lower_the_loss_on_a_fixed_batch() {
         let shift = format == Format::Dream;
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let batch = match format {
-            Format::Llama => next_token_batch(&ex, &dev).unwrap(),
+            Format::Llama => next_token_batch(&ex, false, &dev).unwrap(),
             _ => diffusion_batch(&ex, MASK, 1e-3, shift, &mut rng, &dev).unwrap(),
         };
         let causal = format == Format::Llama;
@@ -175,7 +175,7 @@ fn every_parameter_gets_a_gradient() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let shift = format == Format::Dream;
         let batch = match format {
-            Format::Llama => next_token_batch(&ex, &dev).unwrap(),
+            Format::Llama => next_token_batch(&ex, false, &dev).unwrap(),
             _ => diffusion_batch(&ex, MASK, 1e-3, shift, &mut rng, &dev).unwrap(),
         };
         let loss = weighted_ce(
@@ -238,7 +238,7 @@ fn gradients_match_finite_differences() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         let shift = format == Format::Dream;
         let batch = match format {
-            Format::Llama => next_token_batch(&ex, &dev).unwrap(),
+            Format::Llama => next_token_batch(&ex, false, &dev).unwrap(),
             _ => diffusion_batch(&ex, MASK, 0.5, shift, &mut rng, &dev).unwrap(),
         };
         let loss_of = || -> f64 {
@@ -839,7 +839,7 @@ fn two_stream_queries_see_only_their_left_context() {
     let mut g = TaskGen::new(8, false);
     g.scale = 0.3;
     let ex = vec![g.next(Some("add"))];
-    let b = two_stream_batch(&ex, MASK, &dev).unwrap();
+    let b = two_stream_batch(&ex, MASK, false, &dev).unwrap();
     let ids: Vec<u32> = b.ids.flatten_all().unwrap().to_vec1().unwrap();
     let t = ids.len() / 2;
     assert!(ids[t..].iter().all(|&x| x == MASK));
@@ -931,11 +931,14 @@ fn data_parallel_gradient_equals_the_whole_batch() {
             Format::Dream,
             diffusion_batch(&ex, MASK, 0.05, true, &mut rng, &dev).unwrap(),
         ),
-        (Format::LLaDA, two_stream_batch(&ex, MASK, &dev).unwrap()),
+        (
+            Format::LLaDA,
+            two_stream_batch(&ex, MASK, false, &dev).unwrap(),
+        ),
         // Dream's autoregressive warm-up: shifted layout, causal mask.
         (
             Format::Dream,
-            llada_train::objective::shifted_next_token_batch(&ex, &dev).unwrap(),
+            llada_train::objective::shifted_next_token_batch(&ex, false, &dev).unwrap(),
         ),
         (
             Format::Llama,
@@ -1130,7 +1133,7 @@ fn hidden_padding_trains_each_row_as_if_alone() {
             assert!(w[r].iter().any(|&x| x > 0.0));
         }
         let vis = |ends: &[u32], t: usize| Visibility::Ends {
-            ends: Arc::new(ends.to_vec()),
+            ends: Arc::from(ends),
             per: spec(format).n_heads * t,
         };
         let full: Vec<Vec<Vec<f32>>> = model
