@@ -105,20 +105,18 @@ pub fn layout_padded(
         .iter()
         .map(|e| (CharVocab::encode(&e.prompt), CharVocab::encode(&e.answer)))
         .collect();
-    let t = enc
+    // Each row's own end (BOS + prompt + region); the batch's length is the longest.
+    let ends: Vec<usize> = enc
         .iter()
         .map(|(p, a)| 1 + p.len() + answer_region(a.len(), min_pad, pad_to))
-        .max()
-        .unwrap_or(8)
-        .next_multiple_of(8);
+        .collect();
+    let t = ends.iter().copied().max().unwrap_or(8).next_multiple_of(8);
     let mut rows = vec![];
     let mut starts = vec![];
-    let mut ends = vec![];
     for (p, a) in enc {
         let mut r = vec![BOS];
         r.extend(&p);
         starts.push(r.len());
-        ends.push(r.len() + answer_region(a.len(), min_pad, pad_to));
         r.extend(&a);
         r.resize(t, EOS);
         rows.push(r);
@@ -272,14 +270,16 @@ fn next_token(
     hide_padding: bool,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts, ends) = layout_padded(examples, 1, 0);
+    let (rows, starts, mut ends) = layout_padded(examples, 1, 0);
     let (b, t) = (rows.len(), rows[0].len());
+    if !hide_padding {
+        ends.fill(t);
+    }
     let ti = if whole_rows { t } else { t - 1 };
     let mut ids: Vec<u32> = Vec::with_capacity(b * ti);
     let mut tg: Vec<u32> = Vec::with_capacity(b * (t - 1));
     let mut w: Vec<f32> = Vec::with_capacity(b * (t - 1));
-    for ((row, &s), &e) in rows.iter().zip(&starts).zip(&ends) {
-        let end = if hide_padding { e } else { t };
+    for ((row, &s), &end) in rows.iter().zip(&starts).zip(&ends) {
         let l = (end - s) as f32;
         ids.extend(&row[..ti]);
         tg.extend(&row[1..]);
@@ -567,7 +567,7 @@ mod tests {
         let t = rows[0].len();
         assert!(ends.iter().any(|&e| e + 8 < t), "a short row");
         let dev = Device::Cpu;
-        // (batch, offset of row position in a weight row, hide)
+        // (batch, row position of a weight row's first entry)
         for hide in [false, true] {
             let shifted = shifted_next_token_batch(&ex, hide, &dev).unwrap();
             let plain = next_token_batch(&ex, hide, &dev).unwrap();
