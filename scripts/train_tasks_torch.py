@@ -388,7 +388,8 @@ def parse():
     ap.add_argument("--batch-tokens", type=int, default=32768)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup-steps", type=int, default=200)
-    ap.add_argument("--ar-warmup", type=float, help="fraction of progress (LLaDA 0.3, Dream 0.5)")
+    ap.add_argument("--ar-warmup", type=float, help="fraction of the first stage's progress "
+                    "(LLaDA 0.3, Dream 0.5)")
     ap.add_argument("--structured", type=float, default=0.5)
     ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
                     help="task weights of the batches")
@@ -414,6 +415,17 @@ def parse():
     ap.add_argument("--dump", help="with --load and --eval-file: write `prompt<TAB>output` "
                     "lines of the file's examples")
     ap.add_argument("--load", help="checkpoint directory to evaluate instead of training")
+    ap.add_argument("--init", help="checkpoint directory to start training from (its shape "
+                    "replaces --d-model/--layers/--heads; the optimizer starts fresh)")
+    ap.add_argument("--late-mix", help="a second stage from --late-from of the run's progress "
+                    "on: batches of these task weights, a fresh AdamW at --late-lr with its own "
+                    "warm-up (--late-warmup-steps) and cosine to 10 %% over the rest of the "
+                    "budget, no warm-up objective — what `--init` of the first stage's output "
+                    "would do (docs/training.md, 'A sort-weighted second stage')")
+    ap.add_argument("--late-from", type=float, default=0.75,
+                    help="fraction of the run's progress where the second stage begins")
+    ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
+    ap.add_argument("--late-warmup-steps", type=int, default=50)
     a = ap.parse_args()
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
     a.ffn = a.ffn or 3 * a.d_model
@@ -496,21 +508,38 @@ def train(a, dev):
     cuda = dev.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
-    model = Model(a.format, a.d_model, a.layers, a.heads, a.kv_heads, a.ffn, a.rope_theta, a.eps,
-                  1 / math.sqrt(a.d_model), a.seed).to(dev)
+    if a.init:
+        model = load(a, a.init, dev)
+    else:
+        model = Model(a.format, a.d_model, a.layers, a.heads, a.kv_heads, a.ffn, a.rope_theta,
+                      a.eps, 1 / math.sqrt(a.d_model), a.seed).to(dev)
     params = [p for p in model.parameters()]
     n_params = sum(p.numel() for p in params)
     decay = [p for p in params if p.dim() == 2]
     other = [p for p in params if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": other, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), fused=cuda)
-    mix = {k: float(v) for k, v in (kv.split(":") for kv in a.mix.split(","))}
-    # Worker processes make the batches (the generator is Python: in the training process it
-    # would hold the interpreter lock the training loop needs).
-    batches = iter(torch.utils.data.DataLoader(
-        Batches(a.seed, mix, a.batch_tokens, 32, a.bands), batch_size=None, num_workers=a.producers,
-        pin_memory=cuda, prefetch_factor=8 if a.producers else None))
+
+    def adamw(lr):
+        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                  {"params": other, "weight_decay": 0.0}],
+                                 lr=lr, betas=(0.9, 0.95), fused=cuda)
+
+    opt = adamw(a.lr)
+    def loader(spec, seed):
+        # Worker processes make the batches (the generator is Python: in the training process
+        # it would hold the interpreter lock the training loop needs).
+        mix = {k: float(v) for k, v in (kv.split(":") for kv in spec.split(","))}
+        return iter(torch.utils.data.DataLoader(
+            Batches(seed, mix, a.batch_tokens, 32, a.bands), batch_size=None,
+            num_workers=a.producers, pin_memory=cuda,
+            prefetch_factor=8 if a.producers else None))
+
+    batches = loader(a.mix, a.seed)
+    # The late phase's batches come from a second generator seeded apart from the first, made
+    # only when the phase begins (its workers would otherwise share the CPU all run long).
+    late = None
+    # Learning-rate schedule of the current stage: (peak, warm-up steps, first step, progress at
+    # its start, progress at its end).
+    stage = (a.lr, a.warmup_steps, 0, 0.0, a.late_from if a.late_mix else 1.0)
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     print(f"{a.format}: {n_params / 1e6:.2f} M parameters, d {a.d_model}, {a.layers} layers, "
           f"{a.heads}/{a.kv_heads} heads, ffn {a.ffn}, device {dev}", flush=True)
@@ -522,16 +551,23 @@ def train(a, dev):
         progress = max(step / a.steps, (time.time() - t0) / budget)
         if progress >= 1:
             break
-        lr_scale = min(1.0, (step + 1) / a.warmup_steps)
-        lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        if a.late_mix and progress >= a.late_from and late is None:
+            late = batches = loader(a.late_mix, a.seed + 1000)
+            opt = adamw(a.late_lr)
+            stage = (a.late_lr, a.late_warmup_steps, step, progress, 1.0)
+            print(f"step {step}: second stage, mix {a.late_mix}, lr {a.late_lr:g}", flush=True)
+        peak, warm, first, p0, p1 = stage
+        lr_scale = min(1.0, (step - first + 1) / warm)
+        frac = min(1.0, (progress - p0) / (p1 - p0))
+        lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         for grp in opt.param_groups:
-            grp["lr"] = a.lr * lr_scale
+            grp["lr"] = peak * lr_scale
         rows, starts, ends = next(batches)
         rows = rows.to(dev, non_blocking=True)
         starts = starts.to(dev, non_blocking=True)
         ends = ends.to(dev, non_blocking=True) if a.row_ends else None
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
-            if progress < a.ar_warmup:
+            if progress < a.ar_warmup * stage[4] and late is None:
                 loss = warmup_loss(model, rows, starts, ends, a.format)
             else:
                 loss = diffusion_loss(model, rows, starts, ends, a.format == "dream", 0.05,
@@ -546,8 +582,9 @@ def train(a, dev):
             v = loss.item()
             ema = v if ema is None else 0.9 * ema + 0.1 * v
             el = time.time() - t0
-            phase = "warm-up" if progress < a.ar_warmup else "diffusion"
-            print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) {tokens / el:,.0f} tok/s "
+            phase = "warm-up" if progress < a.ar_warmup * stage[4] and late is None else "diffusion"
+            print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) lr {peak * lr_scale:.2e} "
+                  f"{tokens / el:,.0f} tok/s "
                   f"{el:.0f} s", flush=True)
         if a.save_every_s and time.time() - last_save > a.save_every_s:
             last_save = time.time()
