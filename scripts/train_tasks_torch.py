@@ -524,6 +524,7 @@ def train(a, dev):
                                  lr=lr, betas=(0.9, 0.95), fused=cuda)
 
     opt = adamw(a.lr)
+
     def loader(spec, seed):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
@@ -534,9 +535,9 @@ def train(a, dev):
             prefetch_factor=8 if a.producers else None))
 
     batches = loader(a.mix, a.seed)
-    # The late phase's batches come from a second generator seeded apart from the first, made
-    # only when the phase begins (its workers would otherwise share the CPU all run long).
-    late = None
+    # The second stage's batches come from a second generator seeded apart from the first, made
+    # only when the stage begins (its workers would otherwise share the CPU all run long).
+    second = False
     # Learning-rate schedule of the current stage: (peak, warm-up steps, first step, progress at
     # its start, progress at its end).
     stage = (a.lr, a.warmup_steps, 0, 0.0, a.late_from if a.late_mix else 1.0)
@@ -551,14 +552,17 @@ def train(a, dev):
         progress = max(step / a.steps, (time.time() - t0) / budget)
         if progress >= 1:
             break
-        if a.late_mix and progress >= a.late_from and late is None:
-            late = batches = loader(a.late_mix, a.seed + 1000)
+        if a.late_mix and progress >= a.late_from and not second:
+            second = True
+            batches = loader(a.late_mix, a.seed + 1000)
             opt = adamw(a.late_lr)
             stage = (a.late_lr, a.late_warmup_steps, step, progress, 1.0)
             print(f"step {step}: second stage, mix {a.late_mix}, lr {a.late_lr:g}", flush=True)
         peak, warm, first, p0, p1 = stage
         lr_scale = min(1.0, (step - first + 1) / warm)
         frac = min(1.0, (progress - p0) / (p1 - p0))
+        # The warm-up objective covers the first `ar_warmup` of the first stage only.
+        warming = not second and progress < a.ar_warmup * p1
         lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         for grp in opt.param_groups:
             grp["lr"] = peak * lr_scale
@@ -567,7 +571,7 @@ def train(a, dev):
         starts = starts.to(dev, non_blocking=True)
         ends = ends.to(dev, non_blocking=True) if a.row_ends else None
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
-            if progress < a.ar_warmup * stage[4] and late is None:
+            if warming:
                 loss = warmup_loss(model, rows, starts, ends, a.format)
             else:
                 loss = diffusion_loss(model, rows, starts, ends, a.format == "dream", 0.05,
@@ -582,7 +586,7 @@ def train(a, dev):
             v = loss.item()
             ema = v if ema is None else 0.9 * ema + 0.1 * v
             el = time.time() - t0
-            phase = "warm-up" if progress < a.ar_warmup * stage[4] and late is None else "diffusion"
+            phase = "warm-up" if warming else "diffusion"
             print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) lr {peak * lr_scale:.2e} "
                   f"{tokens / el:,.0f} tok/s "
                   f"{el:.0f} s", flush=True)
