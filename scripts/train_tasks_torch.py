@@ -73,8 +73,8 @@ class Batches(torch.utils.data.IterableDataset):
     data-loader worker process draws from its own seed."""
 
     def __init__(self, seed, weights, batch_tokens, pad_to, bands):
-        self.seed, self.weights, self.batch_tokens, self.pad_to = seed, weights, batch_tokens, pad_to
-        self.bands = bands
+        self.seed, self.weights, self.bands = seed, weights, bands
+        self.batch_tokens, self.pad_to = batch_tokens, pad_to
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
