@@ -427,6 +427,22 @@ def parse():
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
     ap.add_argument("--late-warmup-steps", type=int, default=50)
     a = ap.parse_args()
+
+    def weights(flag, spec):
+        # Parsed here, not where the batches are made: a typo in --late-mix would otherwise
+        # surface only when the second stage begins, most of a run later.
+        try:
+            w = {k: float(v) for k, v in (kv.split(":") for kv in spec.split(","))}
+        except ValueError:
+            ap.error(f"{flag} {spec!r}: expected TASK:WEIGHT,… (e.g. add:1,sort:2)")
+        if not set(w) <= set(TASKS) or min(w.values()) < 0 or sum(w.values()) <= 0:
+            ap.error(f"{flag} {spec!r}: tasks are {', '.join(TASKS)}, weights ≥ 0, not all 0")
+        return w
+
+    a.mix_weights = weights("--mix", a.mix)
+    a.late_weights = weights("--late-mix", a.late_mix) if a.late_mix else None
+    if a.late_mix and not 0 < a.late_from < 1:
+        ap.error(f"--late-from {a.late_from}: must lie strictly between 0 and 1")
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
     a.ffn = a.ffn or 3 * a.d_model
     a.eps = 1e-5 if a.format == "llada" else 1e-6
@@ -525,16 +541,15 @@ def train(a, dev):
 
     opt = adamw(a.lr)
 
-    def loader(spec, seed):
+    def loader(mix, seed):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
-        mix = {k: float(v) for k, v in (kv.split(":") for kv in spec.split(","))}
         return iter(torch.utils.data.DataLoader(
             Batches(seed, mix, a.batch_tokens, 32, a.bands), batch_size=None,
             num_workers=a.producers, pin_memory=cuda,
             prefetch_factor=8 if a.producers else None))
 
-    batches = loader(a.mix, a.seed)
+    batches = loader(a.mix_weights, a.seed)
     # The second stage's batches come from a second generator seeded apart from the first, made
     # only when the stage begins (its workers would otherwise share the CPU all run long).
     second = False
@@ -554,16 +569,16 @@ def train(a, dev):
             break
         if a.late_mix and progress >= a.late_from and not second:
             second = True
-            batches = loader(a.late_mix, a.seed + 1000)
+            batches = loader(a.late_weights, a.seed + 1000)
             opt = adamw(a.late_lr)
             stage = (a.late_lr, a.late_warmup_steps, step, progress, 1.0)
             print(f"step {step}: second stage, mix {a.late_mix}, lr {a.late_lr:g}", flush=True)
         peak, warm, first, p0, p1 = stage
-        lr_scale = min(1.0, (step - first + 1) / warm)
         frac = min(1.0, (progress - p0) / (p1 - p0))
+        lr_scale = min(1.0, (step - first + 1) / warm)
+        lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         # The warm-up objective covers the first `ar_warmup` of the first stage only.
         warming = not second and progress < a.ar_warmup * p1
-        lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         for grp in opt.param_groups:
             grp["lr"] = peak * lr_scale
         rows, starts, ends = next(batches)
@@ -588,8 +603,7 @@ def train(a, dev):
             el = time.time() - t0
             phase = "warm-up" if warming else "diffusion"
             print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) lr {peak * lr_scale:.2e} "
-                  f"{tokens / el:,.0f} tok/s "
-                  f"{el:.0f} s", flush=True)
+                  f"{tokens / el:,.0f} tok/s {el:.0f} s", flush=True)
         if a.save_every_s and time.time() - last_save > a.save_every_s:
             last_save = time.time()
             save(model, a, a.out, {"steps": step, "tokens": tokens, "partial": True})
