@@ -390,6 +390,10 @@ def parse():
     ap.add_argument("--warmup-steps", type=int, default=200)
     ap.add_argument("--ar-warmup", type=float, help="fraction of the first stage's progress "
                     "(LLaDA 0.3, Dream 0.5)")
+    ap.add_argument("--ar-mix", type=float, default=0.0,
+                    help="after the warm-up (both stages): this fraction of the steps, drawn "
+                    "from the seed, still train the warm-up's next-token objective, so the "
+                    "long lookups it teaches are kept through the diffusion phase (default 0)")
     ap.add_argument("--structured", type=float, default=0.5)
     ap.add_argument("--mix", default="add:1,sort:2,rev:1,cumsum:1,multi:3",
                     help="task weights of the batches")
@@ -441,6 +445,8 @@ def parse():
 
     a.mix_weights = weights("--mix", a.mix)
     a.late_weights = weights("--late-mix", a.late_mix) if a.late_mix else None
+    if not 0 <= a.ar_mix < 1:
+        ap.error(f"--ar-mix {a.ar_mix}: must lie in [0, 1)")
     if a.late_mix and not 0 < a.late_from < 1:
         ap.error(f"--late-from {a.late_from}: must lie strictly between 0 and 1")
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
@@ -557,6 +563,9 @@ def train(a, dev):
     # its start, progress at its end).
     stage = (a.lr, a.warmup_steps, 0, 0.0, a.late_from if a.late_mix else 1.0)
     gen = torch.Generator(device=dev).manual_seed(a.seed)
+    # Which diffusion-phase steps keep the next-token objective (--ar-mix): its own stream, so
+    # the masking draws of `gen` are the same as without it.
+    mix_rng = random.Random(a.seed + 7)
     print(f"{a.format}: {n_params / 1e6:.2f} M parameters, d {a.d_model}, {a.layers} layers, "
           f"{a.heads}/{a.kv_heads} heads, ffn {a.ffn}, device {dev}", flush=True)
     budget = a.minutes * 60
@@ -579,6 +588,7 @@ def train(a, dev):
         lr_scale *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         # The warm-up objective covers the first `ar_warmup` of the first stage only.
         warming = not second and progress < a.ar_warmup * p1
+        next_token = warming or (a.ar_mix > 0 and mix_rng.random() < a.ar_mix)
         for grp in opt.param_groups:
             grp["lr"] = peak * lr_scale
         rows, starts, ends = next(batches)
@@ -586,7 +596,7 @@ def train(a, dev):
         starts = starts.to(dev, non_blocking=True)
         ends = ends.to(dev, non_blocking=True) if a.row_ends else None
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
-            if warming:
+            if next_token:
                 loss = warmup_loss(model, rows, starts, ends, a.format)
             else:
                 loss = diffusion_loss(model, rows, starts, ends, a.format == "dream", 0.05,
@@ -601,7 +611,7 @@ def train(a, dev):
             v = loss.item()
             ema = v if ema is None else 0.9 * ema + 0.1 * v
             el = time.time() - t0
-            phase = "warm-up" if warming else "diffusion"
+            phase = "warm-up" if warming else "next-token" if next_token else "diffusion"
             print(f"step {step} {phase} loss {v:.4f} (ema {ema:.4f}) lr {peak * lr_scale:.2e} "
                   f"{tokens / el:,.0f} tok/s {el:.0f} s", flush=True)
         if a.save_every_s and time.time() - last_save > a.save_every_s:
