@@ -64,7 +64,8 @@ pub struct DiffusionBenchArgs {
     /// Strategies to run (default: all): vanilla, prefix, dual+threshold, multi-block, full,
     /// full-one-lane (full with the sparse pass after the dense one, on all threads),
     /// full-sparse-pool (full with the sparse lane on a one-thread pool of its own),
-    /// revision-only.
+    /// full-refresh (full with the whole cached prefix recomputed at each block start, as
+    /// Fast-dLLM does), revision-only.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     /// Window sizes of the sweep.
@@ -97,7 +98,7 @@ pub struct DiffusionBenchArgs {
 }
 
 /// The strategies and ablations, in report order.
-pub const STRATEGIES: [&str; 8] = [
+pub const STRATEGIES: [&str; 9] = [
     "vanilla",
     "prefix",
     "dual+threshold",
@@ -105,6 +106,7 @@ pub const STRATEGIES: [&str; 8] = [
     "full",
     "full-one-lane",
     "full-sparse-pool",
+    "full-refresh",
     "revision-only",
 ];
 
@@ -128,8 +130,11 @@ fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionC
         }
         // `full-one-lane`: the same decoder with the sparse pass run after the dense pass on
         // the dense lane's threads — what the concurrent lanes cost or save on these cores;
-        // `full-sparse-pool`: the sparse lane on a one-thread pool of its own.
-        "full" | "full-one-lane" | "full-sparse-pool" => {
+        // `full-sparse-pool`: the sparse lane on a one-thread pool of its own;
+        // `full-refresh`: the whole prefix recomputed at each block start (Fast-dLLM's
+        // refresh), what it costs and buys against full's appended prefix.
+        "full" | "full-one-lane" | "full-sparse-pool" | "full-refresh" => {
+            c.refresh_prefix = name == "full-refresh";
             c.cache = CacheMode::Dual;
             c.threshold = Some(a.threshold);
             c.multi_block = Some(mb);

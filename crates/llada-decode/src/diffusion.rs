@@ -55,7 +55,9 @@ pub enum Schedule {
 pub enum CacheMode {
     /// Recompute the whole sequence every step (the reference).
     None,
-    /// KV of the prompt and finished blocks, refreshed at each block start (llada.cpp's baseline).
+    /// KV of the prompt and finished blocks (llada.cpp's baseline): each finished block is
+    /// appended at the next block start; the prompt's KV is the first pass's unless
+    /// [`DiffusionConfig::refresh_prefix`] recomputes the whole prefix there.
     Prefix,
     /// Prefix KV plus the KV of the masked suffix after the current block (Fast-dLLM dual
     /// cache); each step recomputes only the current block.
@@ -74,6 +76,12 @@ pub struct DiffusionConfig {
     pub temperature: f32,
     pub seed: u64,
     pub cache: CacheMode,
+    /// Prefix and dual caches: at each block start recompute the whole cached prefix (prompt and
+    /// finished blocks), as Fast-dLLM's block-wise cache does, so its KV has seen every token
+    /// committed so far. `false` (the default) only appends the newly finished block: the
+    /// prompt's KV stays as computed while the whole answer was masked — fewer rows per block;
+    /// on the task models the refresh bought no accuracy (docs/diffusion.md).
+    pub refresh_prefix: bool,
     /// Confidence-threshold parallel commit: every masked position of the block whose
     /// confidence reaches it commits (at least one per step); `steps` is then only a cap.
     pub threshold: Option<f32>,
@@ -102,6 +110,7 @@ impl DiffusionConfig {
             temperature: 0.0,
             seed: 0,
             cache: CacheMode::None,
+            refresh_prefix: false,
             threshold: None,
             multi_block: None,
             revision: None,
@@ -120,6 +129,7 @@ impl DiffusionConfig {
             temperature: 0.0,
             seed: 0,
             cache: CacheMode::None,
+            refresh_prefix: false,
             threshold: None,
             multi_block: None,
             revision: None,
@@ -287,6 +297,8 @@ struct DensePlan {
 }
 
 /// The dense lane's rows for this step: the cache mode decides what is recomputed.
+///
+/// `cache_len`: the rows a block-start pass keeps from the cache (0 refreshes everything).
 fn dense_plan(
     cache_mode: CacheMode,
     cache_len: usize,
@@ -415,7 +427,8 @@ pub fn generate_with(
         let (ws, we) = (p + win.start, p + win.end);
         let dp = dense_plan(
             cfg.cache,
-            cache.len(),
+            // A refreshing cache recomputes from row 0 at each block start.
+            if cfg.refresh_prefix { 0 } else { cache.len() },
             block_start,
             shift,
             (bs, ws, we, n),
