@@ -578,6 +578,10 @@ def train(a, dev):
             break
         if a.late_mix and progress >= a.late_from and not second:
             second = True
+            if a.out:
+                # The first stage's end, kept beside the run to tell what each stage bought.
+                save(model, a, os.path.join(a.out, "stage1"),
+                     {"steps": step, "tokens": tokens, "partial": True})
             batches = loader(a.late_weights, a.seed + 1000)
             opt = adamw(a.late_lr)
             stage = (a.late_lr, a.late_warmup_steps, step, progress, 1.0)

@@ -65,7 +65,9 @@ pub struct DiffusionBenchArgs {
     /// full-one-lane (full with the sparse pass after the dense one, on all threads),
     /// full-sparse-pool (full with the sparse lane on a one-thread pool of its own),
     /// full-refresh (full with the whole cached prefix recomputed at each block start, as
-    /// Fast-dLLM does), revision-only.
+    /// Fast-dLLM does), revision-only. Any cached strategy takes a `+everyN` suffix
+    /// (`revision-only+every2`): every N-th step of a block recomputes every row
+    /// (`--refresh-every N` of `llada eval`/`generate`).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     /// Window sizes of the sweep.
@@ -112,6 +114,18 @@ pub const STRATEGIES: [&str; 9] = [
 
 fn strategy(name: &str, a: &DiffusionBenchArgs, gen: usize) -> Result<DiffusionConfig> {
     let mut c = DiffusionConfig::one_per_step(gen, a.block_length);
+    // `NAME+everyN`: NAME with an interval refresh of its cache every N steps.
+    let name = match name.rsplit_once("+every") {
+        Some((base, n)) => {
+            c.refresh_every = n
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n > 0)
+                .with_context(|| format!("'{name}': expected +everyN with N ≥ 1"))?;
+            base
+        }
+        None => name,
+    };
     let mb = MultiBlock {
         window: a.window,
         lookahead: a.lookahead,
@@ -738,4 +752,38 @@ settings: block {}, threshold {}, multi-block window {} (lookahead below {} mask
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: DiffusionBenchArgs,
+    }
+
+    #[test]
+    fn every_suffix_sets_the_refresh_interval() {
+        let a = Cli::parse_from(["bench"]).a;
+        let c = strategy("revision-only+every2", &a, 64).unwrap();
+        assert_eq!(c.refresh_every, 2);
+        assert!(c.revision.is_some() && c.cache == CacheMode::Dual);
+        assert_eq!(strategy("revision-only", &a, 64).unwrap().refresh_every, 0);
+        assert!(
+            strategy("full-refresh+every4", &a, 64)
+                .unwrap()
+                .refresh_prefix
+        );
+        for bad in [
+            "full+every0",
+            "full+everyx",
+            "vanilla+every2",
+            "nope+every2",
+        ] {
+            assert!(strategy(bad, &a, 64).is_err(), "{bad}");
+        }
+    }
 }

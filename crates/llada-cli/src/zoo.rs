@@ -1457,6 +1457,13 @@ pub struct DiffusionArgs {
     /// on the task models it bought no accuracy (docs/diffusion.md).
     #[arg(long)]
     pub prefix_refresh: bool,
+    /// Prefix and dual caches: also recompute every row, and rewrite the whole cache, every N
+    /// steps inside a block (a block's first step included; 0 = off): the cached rows are
+    /// then at most N − 1 steps stale, at one full pass per N steps (dLLM-Cache's interval
+    /// refresh). The fast strategies' lost accuracy on tiny-llada-tasks' sorts is that
+    /// staleness (docs/diffusion.md).
+    #[arg(long, default_value_t = 0)]
+    pub refresh_every: usize,
     /// Revision: give the concurrent sparse lane a one-thread pool of its own instead of
     /// sharing the dense lane's threads (for machines with a core to spare; on 2 cores it
     /// slows the dense lane down).
@@ -1545,6 +1552,7 @@ impl DiffusionArgs {
                 _ => CacheMode::Dual,
             },
             refresh_prefix: self.prefix_refresh,
+            refresh_every: self.refresh_every,
             threshold: self.threshold.or(self.speculative().then_some(0.9)),
             multi_block: matches!(self.strategy.as_str(), "multi-block" | "full").then_some(
                 MultiBlock {
@@ -1575,8 +1583,13 @@ impl DiffusionArgs {
             Some(t) => format!("{}+threshold{t}", self.strategy),
             None => self.strategy.clone(),
         };
-        if self.prefix_refresh && self.strategy != "vanilla" {
+        let base = if self.prefix_refresh && self.strategy != "vanilla" {
             base + "+prefix-refresh"
+        } else {
+            base
+        };
+        if self.refresh_every > 0 {
+            format!("{base}+refresh-every{}", self.refresh_every)
         } else {
             base
         }

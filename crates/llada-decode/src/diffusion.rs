@@ -82,6 +82,12 @@ pub struct DiffusionConfig {
     /// prompt's KV stays as computed while the whole answer was masked — fewer rows per block;
     /// on the task models the refresh bought no accuracy (docs/diffusion.md).
     pub refresh_prefix: bool,
+    /// Prefix and dual caches: every `refresh_every`-th step of a block (its first included)
+    /// recomputes every row and rewrites the whole cache, as at a refreshing block start; the
+    /// steps between reuse it (dLLM-Cache's interval refresh). 0 = off. The block-start refresh
+    /// leaves the cached rows stale while the block fills; this bounds their staleness to
+    /// `refresh_every − 1` steps at one full pass per `refresh_every` steps.
+    pub refresh_every: usize,
     /// Confidence-threshold parallel commit: every masked position of the block whose
     /// confidence reaches it commits (at least one per step); `steps` is then only a cap.
     pub threshold: Option<f32>,
@@ -111,6 +117,7 @@ impl DiffusionConfig {
             seed: 0,
             cache: CacheMode::None,
             refresh_prefix: false,
+            refresh_every: 0,
             threshold: None,
             multi_block: None,
             revision: None,
@@ -130,6 +137,7 @@ impl DiffusionConfig {
             seed: 0,
             cache: CacheMode::None,
             refresh_prefix: false,
+            refresh_every: 0,
             threshold: None,
             multi_block: None,
             revision: None,
@@ -192,6 +200,9 @@ impl DiffusionConfig {
         }
         if self.cfg_scale.is_nan() || self.cfg_scale < 0.0 {
             return Err(format!("cfg scale must be ≥ 0, got {}", self.cfg_scale));
+        }
+        if self.refresh_every > 0 && self.cache == CacheMode::None {
+            return Err("refresh_every refreshes a cache; the vanilla strategy keeps none".into());
         }
         if self.cfg_scale > 0.0 && self.cache != CacheMode::None {
             return Err(
@@ -425,11 +436,17 @@ pub fn generate_with(
             last_block = Some(cur);
         }
         let (ws, we) = (p + win.start, p + win.end);
+        // An interval refresh recomputes every row on its steps, as a refreshing block start.
+        let refresh = cfg.refresh_every > 0 && step.is_multiple_of(cfg.refresh_every);
         let dp = dense_plan(
             cfg.cache,
             // A refreshing cache recomputes from row 0 at each block start.
-            if cfg.refresh_prefix { 0 } else { cache.len() },
-            block_start,
+            if cfg.refresh_prefix || refresh {
+                0
+            } else {
+                cache.len()
+            },
+            block_start || refresh,
             shift,
             (bs, ws, we, n),
             &win,
@@ -739,6 +756,7 @@ pub fn generate_vanilla(
     let cfg = DiffusionConfig {
         cache: CacheMode::None,
         threshold: None,
+        refresh_every: 0,
         ..cfg.clone()
     };
     generate(model, lane, prompt, &cfg)

@@ -203,6 +203,47 @@ fn refreshed_caches_match_vanilla_with_one_step_per_block() {
 }
 
 #[test]
+fn interval_refresh_every_step_is_vanilla() {
+    // `refresh_every: 1` recomputes every row at every step, as vanilla does, so the cached
+    // strategies must then produce vanilla's tokens with several steps per block; a longer
+    // interval computes fewer rows than that and more than the block-start refresh alone.
+    let lane = Lane::new("dense", 2).unwrap();
+    for name in ["hf-llada", "hf-dream"] {
+        let model = load(name);
+        let prompt = [5u32, 17, 33, 8, 2, 61];
+        let base = DiffusionConfig::one_per_step(32, 8);
+        let reference = generate(&model, &lane, &prompt, &base).unwrap();
+        for cache in [CacheMode::Prefix, CacheMode::Dual] {
+            let run = |refresh_every| {
+                let cfg = DiffusionConfig {
+                    cache,
+                    refresh_prefix: true,
+                    refresh_every,
+                    ..base.clone()
+                };
+                generate(&model, &lane, &prompt, &cfg).unwrap()
+            };
+            let every = run(1);
+            assert_eq!(every.tokens, reference.tokens, "{name} {cache:?}");
+            assert_eq!(every.forward_passes, 32);
+            assert_eq!(
+                every.rows_computed, reference.rows_computed,
+                "{name} {cache:?}"
+            );
+            let (fourth, starts) = (run(4), run(0));
+            assert!(
+                starts.rows_computed < fourth.rows_computed
+                    && fourth.rows_computed < every.rows_computed,
+                "{name} {cache:?}: {} {} {}",
+                starts.rows_computed,
+                fourth.rows_computed,
+                every.rows_computed
+            );
+        }
+    }
+}
+
+#[test]
 fn dream_schedule_commits_everything() {
     for steps in [1, 3, 8, 16, 64] {
         let mut masked = 16usize;
@@ -425,6 +466,10 @@ fn new_options_are_validated() {
         },
         DiffusionConfig {
             cfg_scale: -1.0,
+            ..base.clone()
+        },
+        DiffusionConfig {
+            refresh_every: 2,
             ..base.clone()
         },
     ] {
