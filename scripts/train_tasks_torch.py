@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Train a synthetic-task diffusion model (LLaDA or Dream format) with PyTorch, for a GPU.
+"""Train a synthetic-task diffusion model (LLaDA or Dream format) with PyTorch, on CPU or GPU.
 
-`llada train --preset tiny-llada-tasks` (Rust, candle) is the project's trainer and the command
-that re-trains the shipped task models on a 2-core machine in under an hour. This script is its
-accelerator path: the same tasks, the same checkpoint format (HF directory with the real field
+Written as the accelerator path of `llada train --preset tiny-llada-tasks` (Rust, candle), it
+has trained the shipped task models since stop 39, on this 2-core machine's CPU in under an hour
+(each model card gives its command; the Rust recipe scores lower, docs/training.md). The same
+tasks, the same checkpoint format (HF directory with the real field
 and tensor names, loaded by the engine like any other), the same objective (two-stream
 autoregressive warm-up for LLaDA / shifted next-token warm-up for Dream, then masked-diffusion
 SFT with structured masks and EOS-padded answers), at a size and a token count a GPU affords in
@@ -425,7 +426,10 @@ def parse():
                     "on: batches of these task weights, a fresh AdamW at --late-lr with its own "
                     "warm-up (--late-warmup-steps) and cosine to 10 %% over the rest of the "
                     "budget, no warm-up objective — what `--init` of the first stage's output "
-                    "would do (docs/training.md, 'A sort-weighted second stage')")
+                    "would do (docs/training.md, 'A sort-weighted second stage'); the model "
+                    "as the first stage left it is saved in OUT/stage1. On two threads the "
+                    "stage cost tiny-llada-tasks its rows (docs/training.md, 'One sort-weighted "
+                    "stage (stop 46)')")
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
