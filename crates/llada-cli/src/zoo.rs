@@ -1579,20 +1579,17 @@ impl DiffusionArgs {
     }
     /// A short name for reports.
     pub fn name(&self) -> String {
-        let base = match self.threshold.or(self.speculative().then_some(0.9)) {
+        let mut name = match self.threshold.or(self.speculative().then_some(0.9)) {
             Some(t) => format!("{}+threshold{t}", self.strategy),
             None => self.strategy.clone(),
         };
-        let base = if self.prefix_refresh && self.strategy != "vanilla" {
-            base + "+prefix-refresh"
-        } else {
-            base
-        };
-        if self.refresh_every > 0 {
-            format!("{base}+refresh-every{}", self.refresh_every)
-        } else {
-            base
+        if self.prefix_refresh && self.strategy != "vanilla" {
+            name += "+prefix-refresh";
         }
+        if self.refresh_every > 0 {
+            name += &format!("+refresh-every{}", self.refresh_every);
+        }
+        name
     }
 }
 

@@ -436,16 +436,13 @@ pub fn generate_with(
             last_block = Some(cur);
         }
         let (ws, we) = (p + win.start, p + win.end);
-        // An interval refresh recomputes every row on its steps, as a refreshing block start.
-        let refresh = cfg.refresh_every > 0 && step.is_multiple_of(cfg.refresh_every);
+        // A refreshing step recomputes every row and rewrites the whole cache: a block start
+        // with `refresh_prefix`, or every `refresh_every`-th step of a block (its first included).
+        let refresh = (block_start && cfg.refresh_prefix)
+            || (cfg.refresh_every > 0 && step.is_multiple_of(cfg.refresh_every));
         let dp = dense_plan(
             cfg.cache,
-            // A refreshing cache recomputes from row 0 at each block start.
-            if cfg.refresh_prefix || refresh {
-                0
-            } else {
-                cache.len()
-            },
+            if refresh { 0 } else { cache.len() },
             block_start || refresh,
             shift,
             (bs, ws, we, n),
