@@ -456,10 +456,27 @@ pub fn generate_with(
             .iter()
             .map(|&i| if shift { i.max(1) - 1 } else { i } - dp.row0)
             .collect();
-        // The sparse lane's probes: Visible tokens left of the dense rows.
+        // The sparse lane's probes: Visible tokens left of the rows a non-refreshing step
+        // would compute. A refreshing step probes them too (on the step-start snapshot, as
+        // ever): its dense pass rewrites their KV, but only a probe re-predicts a token, and
+        // skipping the probes there took revision's corrections away (tiny-dream-tasks: 4 of
+        // 95 reversals inside the rows lost with a refresh every step, docs/diffusion.md).
+        let probe_end = if refresh {
+            dense_plan(
+                cfg.cache,
+                cache.len(),
+                block_start,
+                shift,
+                (bs, ws, we, n),
+                &win,
+            )
+            .row0
+        } else {
+            dp.row0
+        };
         let probed: Vec<usize> = match &cfg.revision {
             Some(r) => {
-                let mut v: Vec<usize> = (p..dp.row0.max(p))
+                let mut v: Vec<usize> = (p..probe_end.max(p))
                     .filter(|&i| states[i - p] == TokenState::Visible && !dirty[i - p])
                     .collect();
                 v.sort_by_key(|&i| (probes[i - p], i));
@@ -586,9 +603,14 @@ pub fn generate_with(
             out.sparse_passes += 1;
             out.sparse_rows += probe.as_ref().map_or(0, |pb| pb.tokens.len());
             for (k, &i) in probed.iter().enumerate() {
-                cache
-                    .copy_slot_from(snap, i)
-                    .map_err(|e| ModelError::Other(e.to_string()))?;
+                // A row the dense pass rewrote (a refreshing step) keeps the dense row: it saw
+                // this step's context, the probe's `A_i` only the snapshot's.
+                let dense_wrote = i >= dp.row0 && i < dp.row1 && dp.slots[i - dp.row0].is_some();
+                if !dense_wrote {
+                    cache
+                        .copy_slot_from(snap, i)
+                        .map_err(|e| ModelError::Other(e.to_string()))?;
+                }
                 let a = i - p;
                 match judge(x[i], sout.row(k), r, probes[a]) {
                     Verdict::Stable => states[a] = TokenState::Stable,
@@ -838,32 +860,40 @@ mod tests {
                 ..Default::default()
             };
             let model = Model::load(&dir.join(name), &opts).unwrap();
-            let mut outs = vec![];
-            for (concurrent, pool) in [(true, true), (true, false), (false, false)] {
-                let cfg = DiffusionConfig {
-                    cache: CacheMode::Dual,
-                    threshold: Some(0.05),
-                    multi_block: Some(MultiBlock {
-                        window: 16,
-                        lookahead: 6,
-                    }),
-                    revision: Some(Revision {
-                        revise_threshold: 0.05,
-                        stable_threshold: 0.5,
-                        max_probes: 3,
-                        stable_on_commit: None,
-                        concurrent,
-                        ..Revision::default()
-                    }),
-                    ..DiffusionConfig::one_per_step(32, 8)
-                };
-                let sl = pool.then_some(&sparse);
-                let o = generate_with(&model, &dense, sl, &[5, 17, 33, 8, 2, 61], &cfg, None);
-                let o = o.unwrap();
-                assert!(o.sparse_passes > 1, "{name}: the sparse lane must run");
-                outs.push(o.tokens);
+            // Refreshing steps (every step, 2nd, 3rd) rewrite rows the probes also compute:
+            // the shadow must still track the cache, and the probes must still run.
+            for refresh_every in [0, 1, 2, 3] {
+                let mut outs = vec![];
+                for (concurrent, pool) in [(true, true), (true, false), (false, false)] {
+                    let cfg = DiffusionConfig {
+                        cache: CacheMode::Dual,
+                        refresh_every,
+                        threshold: Some(0.05),
+                        multi_block: Some(MultiBlock {
+                            window: 16,
+                            lookahead: 6,
+                        }),
+                        revision: Some(Revision {
+                            revise_threshold: 0.05,
+                            stable_threshold: 0.5,
+                            max_probes: 3,
+                            stable_on_commit: None,
+                            concurrent,
+                            ..Revision::default()
+                        }),
+                        ..DiffusionConfig::one_per_step(32, 8)
+                    };
+                    let sl = pool.then_some(&sparse);
+                    let o = generate_with(&model, &dense, sl, &[5, 17, 33, 8, 2, 61], &cfg, None);
+                    let o = o.unwrap();
+                    assert!(
+                        o.sparse_passes > 1,
+                        "{name} every {refresh_every}: the sparse lane must run"
+                    );
+                    outs.push(o.tokens);
+                }
+                assert!(outs.windows(2).all(|w| w[0] == w[1]), "{name}");
             }
-            assert!(outs.windows(2).all(|w| w[0] == w[1]), "{name}");
         }
     }
 }
