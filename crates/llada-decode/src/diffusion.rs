@@ -459,8 +459,7 @@ pub fn generate_with(
         // The sparse lane's probes: Visible tokens left of the rows a non-refreshing step
         // would compute. A refreshing step probes them too (on the step-start snapshot, as
         // ever): its dense pass rewrites their KV, but only a probe re-predicts a token, and
-        // skipping the probes there took revision's corrections away (tiny-dream-tasks: 4 of
-        // 95 reversals inside the rows lost with a refresh every step, docs/diffusion.md).
+        // without them a refresh at every step left revision with no probe at all.
         let probe_end = if refresh {
             dense_plan(
                 cfg.cache,
