@@ -440,14 +440,26 @@ pub fn generate_with(
         // with `refresh_prefix`, or every `refresh_every`-th step of a block (its first included).
         let refresh = (block_start && cfg.refresh_prefix)
             || (cfg.refresh_every > 0 && step.is_multiple_of(cfg.refresh_every));
-        let dp = dense_plan(
+        // The rows a non-refreshing step computes; a refreshing step computes all of them
+        // (a block-start plan keeping no cached row).
+        let plain = dense_plan(
             cfg.cache,
-            if refresh { 0 } else { cache.len() },
-            block_start || refresh,
+            cache.len(),
+            block_start,
             shift,
             (bs, ws, we, n),
             &win,
         );
+        // The sparse lane's probes take the Visible tokens left of `plain`'s rows, on
+        // refreshing steps too (on the step-start snapshot, as ever): a refresh rewrites their
+        // KV, but only a probe re-predicts a token, and without them a refresh at every step
+        // left revision with no probe at all.
+        let probe_end = plain.row0;
+        let dp = if refresh {
+            dense_plan(cfg.cache, 0, true, shift, (bs, ws, we, n), &win)
+        } else {
+            plain
+        };
         // Masked positions predicted this pass (selective logits: nothing else gets the head).
         let targets: Vec<usize> = (ws..we)
             .filter(|&i| x[i] == mask && (cfg.multi_block.is_some() || i < be))
@@ -456,23 +468,6 @@ pub fn generate_with(
             .iter()
             .map(|&i| if shift { i.max(1) - 1 } else { i } - dp.row0)
             .collect();
-        // The sparse lane's probes: Visible tokens left of the rows a non-refreshing step
-        // would compute. A refreshing step probes them too (on the step-start snapshot, as
-        // ever): its dense pass rewrites their KV, but only a probe re-predicts a token, and
-        // without them a refresh at every step left revision with no probe at all.
-        let probe_end = if refresh {
-            dense_plan(
-                cfg.cache,
-                cache.len(),
-                block_start,
-                shift,
-                (bs, ws, we, n),
-                &win,
-            )
-            .row0
-        } else {
-            dp.row0
-        };
         let probed: Vec<usize> = match &cfg.revision {
             Some(r) => {
                 let mut v: Vec<usize> = (p..probe_end.max(p))
