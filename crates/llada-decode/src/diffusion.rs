@@ -310,12 +310,15 @@ struct DensePlan {
 /// The dense lane's rows for this step: the cache mode decides what is recomputed.
 ///
 /// `cache_len`: the rows a block-start pass keeps from the cache (0 refreshes everything).
+/// `first_dirty`: the first row whose token was committed after its KV row was computed (`n`
+/// if none); a dual block start recomputes from there.
 fn dense_plan(
     cache_mode: CacheMode,
     cache_len: usize,
     block_start: bool,
     shift: bool,
     (bs, ws, we, n): (usize, usize, usize, usize),
+    first_dirty: usize,
     win: &window::Window,
 ) -> DensePlan {
     let s = usize::from(shift);
@@ -344,9 +347,12 @@ fn dense_plan(
             padding: 0,
         },
         // Dual: slot = position. At a block start everything from the window on is refreshed
-        // (Fast-dLLM's dual cache); later steps recompute only the window.
+        // (Fast-dLLM's dual cache), and so are the finished block's rows committed after their
+        // KV was last computed — its last step's commits, whose rows still hold the mask's KV
+        // (the prefix cache rewrites them when it appends the block); later steps recompute
+        // only the window.
         (CacheMode::Dual, true) => {
-            let r0 = cache_len.min(ws - s);
+            let r0 = cache_len.min(ws - s).min(first_dirty);
             DensePlan {
                 row0: r0,
                 row1: n,
@@ -442,12 +448,14 @@ pub fn generate_with(
             || (cfg.refresh_every > 0 && step.is_multiple_of(cfg.refresh_every));
         // The rows a non-refreshing step computes; a refreshing step computes all of them
         // (a block-start plan keeping no cached row).
+        let first_dirty = dirty.iter().position(|&d| d).map_or(n, |i| p + i);
         let plain = dense_plan(
             cfg.cache,
             cache.len(),
             block_start,
             shift,
             (bs, ws, we, n),
+            first_dirty,
             &win,
         );
         // The sparse lane's probes take the Visible tokens left of `plain`'s rows, on
@@ -456,7 +464,7 @@ pub fn generate_with(
         // left revision with no probe at all.
         let probe_end = plain.row0;
         let dp = if refresh {
-            dense_plan(cfg.cache, 0, true, shift, (bs, ws, we, n), &win)
+            dense_plan(cfg.cache, 0, true, shift, (bs, ws, we, n), n, &win)
         } else {
             plain
         };

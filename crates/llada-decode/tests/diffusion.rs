@@ -203,6 +203,34 @@ fn refreshed_caches_match_vanilla_with_one_step_per_block() {
 }
 
 #[test]
+fn dual_block_start_rewrites_the_finished_blocks_last_commits() {
+    // One step per block: each block commits all its tokens in its only pass, computed while
+    // they were masks. The next block start must rewrite those rows with the real tokens, as
+    // the prefix cache does when it appends the finished block; the two caches then compute
+    // the same rows against the same cached prompt, so they write the same tokens. Keeping the
+    // masks' KV there made later blocks see the earlier answer as masked (the regression this
+    // guards); several fixtures and lengths, so that a stale row would show.
+    let lane = Lane::new("dense", 2).unwrap();
+    for name in ["hf-llada", "hf-dream"] {
+        let model = load(name);
+        for (prompt, gen, block) in [
+            (vec![5u32, 17, 33, 8, 2, 61], 32, 8),
+            (vec![9u32, 4, 70, 21], 48, 8),
+            (vec![3u32, 44, 12, 90, 7, 7, 30], 32, 4),
+        ] {
+            let cfg = |cache| DiffusionConfig {
+                cache,
+                steps: gen / block,
+                ..DiffusionConfig::one_per_step(gen, block)
+            };
+            let pre = generate(&model, &lane, &prompt, &cfg(CacheMode::Prefix)).unwrap();
+            let dual = generate(&model, &lane, &prompt, &cfg(CacheMode::Dual)).unwrap();
+            assert_eq!(dual.tokens, pre.tokens, "{name} {prompt:?} {gen}/{block}");
+        }
+    }
+}
+
+#[test]
 fn interval_refresh_every_step_is_vanilla() {
     // `refresh_every: 1` recomputes every row at every step, as vanilla does, so the cached
     // strategies must then produce vanilla's tokens with several steps per block; a longer
