@@ -21,6 +21,7 @@ Usage:
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -433,6 +434,10 @@ def parse():
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
+    ap.add_argument("--ema", default="",
+                    help="comma-separated decays (e.g. 0.999,0.9998): also keep exponential moving "
+                         "averages of the weights and save each as OUT/ema-DECAY beside the last "
+                         "weights in OUT (each average's decay ramps up as (1+step)/(10+step))")
     ap.add_argument("--late-warmup-steps", type=int, default=50)
     a = ap.parse_args()
 
@@ -451,6 +456,12 @@ def parse():
     a.late_weights = weights("--late-mix", a.late_mix) if a.late_mix else None
     if not 0 <= a.ar_mix < 1:
         ap.error(f"--ar-mix {a.ar_mix}: must lie in [0, 1)")
+    try:
+        a.ema_decays = [float(d) for d in a.ema.split(",")] if a.ema else []
+    except ValueError:
+        ap.error(f"--ema {a.ema!r}: expected decays such as 0.999,0.9998")
+    if any(not 0 < d < 1 for d in a.ema_decays):
+        ap.error(f"--ema {a.ema!r}: every decay must lie strictly between 0 and 1")
     if a.late_mix and not 0 < a.late_from < 1:
         ap.error(f"--late-from {a.late_from}: must lie strictly between 0 and 1")
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
@@ -525,7 +536,10 @@ def main():
     if res:
         report("held-out (this script's generator, vanilla decoding)", res)
     state["script_eval"] = res
+    averages = state.pop("averages")
     save(model, a, a.out, state)
+    for decay, avg in averages:
+        save(avg, a, os.path.join(a.out, f"ema-{decay:g}"), {**state, "ema_decay": decay})
     if a.eval_file:
         report("held-out (file)", evaluate(model, a, 0, 0, read_pairs(a.eval_file)))
 
@@ -575,6 +589,13 @@ def train(a, dev):
     budget = a.minutes * 60
     t0 = time.time()
     ema, tokens, step = None, 0, 0
+    # Weight averages (--ema): float copies of the model, updated after every optimizer step.
+    averages = []
+    for d in a.ema_decays:
+        avg = copy.deepcopy(model)
+        for p in avg.parameters():
+            p.requires_grad_(False)
+        averages.append((d, avg, list(avg.parameters())))
     last_save = t0
     while step < a.steps:
         progress = max(step / a.steps, (time.time() - t0) / budget)
@@ -614,6 +635,10 @@ def train(a, dev):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        if averages:
+            with torch.no_grad():
+                for d, _, avg_params in averages:
+                    torch._foreach_lerp_(avg_params, params, 1 - min(d, (1 + step) / (10 + step)))
         tokens += rows.numel()
         if step % a.log_every == 0:
             v = loss.item()
@@ -628,7 +653,8 @@ def train(a, dev):
     wall = time.time() - t0
     print(f"trained {step} steps, {tokens:,} tokens in {wall:.0f} s", flush=True)
     return model, {"steps": step, "tokens": tokens, "wall_s": wall, "parameters": n_params,
-                   "final_loss_ema": ema, "options": dict(vars(a))}
+                   "final_loss_ema": ema, "options": dict(vars(a)),
+                   "averages": [(d, m) for d, m, _ in averages]}
 
 
 if __name__ == "__main__":
