@@ -434,11 +434,11 @@ def parse():
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
+    ap.add_argument("--late-warmup-steps", type=int, default=50)
     ap.add_argument("--ema", default="",
                     help="comma-separated decays (e.g. 0.999,0.9998): also keep exponential moving "
                          "averages of the weights and save each as OUT/ema-DECAY beside the last "
                          "weights in OUT (each average's decay ramps up as (1+step)/(10+step))")
-    ap.add_argument("--late-warmup-steps", type=int, default=50)
     a = ap.parse_args()
 
     def weights(flag, spec):
@@ -531,12 +531,11 @@ def main():
     if not a.out:
         sys.exit("--out is required")
     torch.manual_seed(a.seed)
-    model, state = train(a, dev)
+    model, state, averages = train(a, dev)
     res = evaluate(model, a, a.eval_per_task, a.seed + 7) if a.eval_per_task else {}
     if res:
         report("held-out (this script's generator, vanilla decoding)", res)
     state["script_eval"] = res
-    averages = state.pop("averages")
     save(model, a, a.out, state)
     for decay, avg in averages:
         save(avg, a, os.path.join(a.out, f"ema-{decay:g}"), {**state, "ema_decay": decay})
@@ -635,10 +634,9 @@ def train(a, dev):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
-        if averages:
-            with torch.no_grad():
-                for d, _, avg_params in averages:
-                    torch._foreach_lerp_(avg_params, params, 1 - min(d, (1 + step) / (10 + step)))
+        with torch.no_grad():
+            for d, _, avg_params in averages:
+                torch._foreach_lerp_(avg_params, params, 1 - min(d, (1 + step) / (10 + step)))
         tokens += rows.numel()
         if step % a.log_every == 0:
             v = loss.item()
@@ -652,9 +650,9 @@ def train(a, dev):
             save(model, a, a.out, {"steps": step, "tokens": tokens, "partial": True})
     wall = time.time() - t0
     print(f"trained {step} steps, {tokens:,} tokens in {wall:.0f} s", flush=True)
-    return model, {"steps": step, "tokens": tokens, "wall_s": wall, "parameters": n_params,
-                   "final_loss_ema": ema, "options": dict(vars(a)),
-                   "averages": [(d, m) for d, m, _ in averages]}
+    state = {"steps": step, "tokens": tokens, "wall_s": wall, "parameters": n_params,
+             "final_loss_ema": ema, "options": dict(vars(a))}
+    return model, state, [(d, m) for d, m, _ in averages]
 
 
 if __name__ == "__main__":
