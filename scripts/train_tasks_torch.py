@@ -52,11 +52,15 @@ def region(answer_len, pad_to):
     return -(-n // pad_to) * pad_to
 
 
-def layout(pairs, pad_to):
+def layout(pairs, pad_to, tails=None):
     """`BOS prompt answer EOS…` rows of one length (multiple of 8), the answer starts and each
-    row's own end (`1 + prompt + region`: what `llada eval` lays out for that example alone)."""
+    row's own end (`1 + prompt + region`: what `llada eval` lays out for that example alone).
+    `tails[r]`, where not None, replaces row r's rounded region by answer + 1 + tails[r] EOS."""
     enc = [(encode(p), encode(a)) for p, a in pairs]
-    t = max(1 + len(p) + region(len(a), pad_to) for p, a in enc)
+    tails = tails or [None] * len(enc)
+    regions = [region(len(a), pad_to) if x is None else len(a) + 1 + x
+               for (_, a), x in zip(enc, tails)]
+    t = max(1 + len(p) + g for (p, _), g in zip(enc, regions))
     t = -(-t // 8) * 8
     rows = np.full((len(enc), t), EOS, dtype=np.int64)
     starts = np.zeros(len(enc), dtype=np.int64)
@@ -65,7 +69,7 @@ def layout(pairs, pad_to):
         rows[r, 0] = BOS
         rows[r, 1:1 + len(p)] = p
         starts[r] = 1 + len(p)
-        ends[r] = 1 + len(p) + region(len(a), pad_to)
+        ends[r] = 1 + len(p) + regions[r]
         rows[r, 1 + len(p):1 + len(p) + len(a)] = a
     return rows, starts, ends
 
@@ -74,9 +78,17 @@ class Batches(torch.utils.data.IterableDataset):
     """Endless (rows, starts, ends) batches of one task each and ≈ `batch_tokens` tokens; every
     data-loader worker process draws from its own seed."""
 
-    def __init__(self, seed, weights, batch_tokens, pad_to, bands):
+    def __init__(self, seed, weights, batch_tokens, pad_to, bands, tail=None):
         self.seed, self.weights, self.bands = seed, weights, bands
-        self.batch_tokens, self.pad_to = batch_tokens, pad_to
+        self.batch_tokens, self.pad_to, self.tail = batch_tokens, pad_to, tail
+
+    def tails(self, rng, n):
+        """Per row: None (the region rounded up to `pad_to`) or, with probability P of
+        `--eos-tail P:MAX`, a uniform 0..MAX EOS beyond the answer's own one."""
+        if self.tail is None:
+            return None
+        p, most = self.tail
+        return [rng.randint(0, most) if rng.random() < p else None for _ in range(n)]
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -91,10 +103,12 @@ class Batches(torch.utils.data.IterableDataset):
             banded = self.bands and task != "multi"
             scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
             first = [example(rng, task, False, scale, lo) for _ in range(4)]
-            probe, _, _ = layout(first, self.pad_to)
+            tails = self.tails(rng, 4)
+            probe, _, _ = layout(first, self.pad_to, tails)
             n = max(4, self.batch_tokens // probe.shape[1])
             more = [example(rng, task, False, scale, lo) for _ in range(n - 4)]
-            rows, starts, ends = layout(first + more, self.pad_to)
+            tails = tails and tails + self.tails(rng, n - 4)
+            rows, starts, ends = layout(first + more, self.pad_to, tails)
             yield torch.from_numpy(rows), torch.from_numpy(starts), torch.from_numpy(ends)
 
 
@@ -408,6 +422,13 @@ def parse():
                     "longest row: hidden from attention and loss, so each row trains in the "
                     "layout `llada eval` decodes it in (default), or `answer`: part of the "
                     "answer, seen and weighted (stop 39's runs and checkpoint)")
+    ap.add_argument("--eos-tail", metavar="P:MAX",
+                    help="with probability P a row's answer region is its answer, one EOS and a "
+                    "uniform 0..MAX more EOS, not rounded up to 32. With P = 1 the region's end "
+                    "no longer tells the model how long the answer is, so it has to end answers "
+                    "itself: other block lengths and fixed generation lengths (`llada generate "
+                    "--gen-length`, `llada eval --answer-region N`) then decode in its training "
+                    "layout (default: every region rounded up to 32)")
     ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
@@ -470,6 +491,17 @@ def parse():
     if a.ar_warmup is None:
         a.ar_warmup = 0.3 if a.format == "llada" else 0.5
     a.row_ends = a.padding == "hidden"
+    if a.eos_tail:
+        spec = a.eos_tail
+        try:
+            p, most = spec.split(":")
+            a.eos_tail = (float(p), int(most))
+        except ValueError:
+            ap.error(f"--eos-tail {spec!r}: expected P:MAX such as 0.5:96")
+        if not 0 < a.eos_tail[0] <= 1 or a.eos_tail[1] < 0:
+            ap.error(f"--eos-tail {spec!r}: P must lie in (0, 1] and MAX be ≥ 0")
+        if not a.row_ends:
+            ap.error("--eos-tail needs --padding hidden (each row its own region)")
     return a
 
 
@@ -568,7 +600,7 @@ def train(a, dev):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
         return iter(torch.utils.data.DataLoader(
-            Batches(seed, mix, a.batch_tokens, 32, a.bands), batch_size=None,
+            Batches(seed, mix, a.batch_tokens, 32, a.bands, a.eos_tail), batch_size=None,
             num_workers=a.producers, pin_memory=cuda,
             prefetch_factor=8 if a.producers else None))
 

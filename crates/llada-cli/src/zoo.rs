@@ -1768,6 +1768,13 @@ pub struct EvalArgs {
     /// Print the first N wrong answers (to stderr).
     #[arg(long, default_value_t = 0)]
     show: usize,
+    /// Answer region each task example decodes into: `auto`, its answer plus one EOS rounded up
+    /// to whole blocks (the layout the tiny task models train in: the region's end tells the
+    /// model roughly how long the answer is), or a number N, the same N tokens for every example
+    /// (rounded up to whole blocks), as a user's `--gen-length` would be: the model has to end
+    /// each answer with EOS on its own. N must hold the longest chosen answer plus one EOS.
+    #[arg(long, default_value = "auto", value_parser = parse_answer_region)]
+    answer_region: AnswerRegion,
     #[command(flatten)]
     diffusion: DiffusionArgs,
     #[arg(long)]
@@ -1775,6 +1782,33 @@ pub struct EvalArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `llada eval --answer-region`: per example from its answer (`Auto`), or one length for all.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AnswerRegion {
+    Auto,
+    Fixed(usize),
+}
+
+impl AnswerRegion {
+    /// Region length for an answer of `answer_len` tokens and blocks of `block`.
+    fn length(self, answer_len: usize, block: usize) -> usize {
+        match self {
+            Self::Auto => (answer_len + 1).next_multiple_of(block),
+            Self::Fixed(n) => n.next_multiple_of(block),
+        }
+    }
+}
+
+pub fn parse_answer_region(s: &str) -> Result<AnswerRegion, String> {
+    if s == "auto" {
+        return Ok(AnswerRegion::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(AnswerRegion::Fixed(n)),
+        _ => Err(format!("expected `auto` or a token count ≥ 1, got '{s}'")),
+    }
 }
 
 /// Logits of every row of one causal forward over `tokens` (a fresh cache, nothing kept).
@@ -2097,6 +2131,19 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         bail!("--max-scale must be in (0, 1]");
     }
     let split = held_out_tasks(a.per_task, &tasks, a.max_scale);
+    if let AnswerRegion::Fixed(n) = a.answer_region {
+        if let Some(ex) = split.iter().max_by_key(|ex| ex.answer.len()) {
+            let need = ex.answer.len() + 1;
+            if need > n.next_multiple_of(a.diffusion.block_length) {
+                bail!(
+                    "--answer-region {n} cannot hold the longest held-out answer ({} tokens of \
+                     task {} plus one EOS): use at least {need}, or fewer --tasks",
+                    ex.answer.len(),
+                    ex.task
+                );
+            }
+        }
+    }
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
     } else {
@@ -2109,8 +2156,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     for ex in &split {
         let mut prompt = vec![BOS];
         prompt.extend(CharVocab::encode(&ex.prompt));
-        // gen_length: the answer plus at least one EOS, rounded up to whole blocks.
-        let gen = (ex.answer.len() + 1).next_multiple_of(a.diffusion.block_length);
+        let gen = a
+            .answer_region
+            .length(ex.answer.len(), a.diffusion.block_length);
         let cfg = a.diffusion.config(gen, 0.0, 0)?;
         let out = lanes.generate(&model, &prompt, &cfg, None)?;
         let got = CharVocab::decode(&out.tokens);
@@ -2145,10 +2193,14 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         .collect();
     let all = scores.values().fold(Score::default(), |a, s| a.merge(*s));
     let (total, char_total) = (rate(&all, Score::exact_rate), rate(&all, Score::char_rate));
+    let region_name = match a.answer_region {
+        AnswerRegion::Auto => "auto".to_string(),
+        AnswerRegion::Fixed(n) => n.next_multiple_of(a.diffusion.block_length).to_string(),
+    };
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks, "multi_items": multi_items})
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "answer_region": region_name, "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks, "multi_items": multi_items})
         );
     } else {
         println!("task     exact   chars");
@@ -2158,7 +2210,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             }
         }
         println!(
-            "overall  {:>5.1}%  {:>5.1}% ({} held-out examples, {} decoding; chars: characters in place)",
+            "overall  {:>5.1}%  {:>5.1}% ({} held-out examples, {} decoding, answer region {region_name}; chars: characters in place)",
             100.0 * total,
             100.0 * char_total,
             split.len(),
@@ -2182,6 +2234,21 @@ pub fn eval(a: EvalArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--answer-region`: `auto` rounds answer + 1 EOS up to whole blocks; a fixed N is the
+    /// same for every answer, rounded up to whole blocks; zero and words are refused.
+    #[test]
+    fn answer_region_lengths() {
+        assert_eq!(parse_answer_region("auto"), Ok(AnswerRegion::Auto));
+        assert_eq!(parse_answer_region("160"), Ok(AnswerRegion::Fixed(160)));
+        assert!(parse_answer_region("0").is_err());
+        assert!(parse_answer_region("long").is_err());
+        assert_eq!(AnswerRegion::Auto.length(31, 32), 32);
+        assert_eq!(AnswerRegion::Auto.length(32, 32), 64);
+        assert_eq!(AnswerRegion::Auto.length(32, 16), 48);
+        assert_eq!(AnswerRegion::Fixed(160).length(3, 32), 160);
+        assert_eq!(AnswerRegion::Fixed(150).length(100, 32), 160);
+    }
 
     /// Top-k of a softmax against values worked by hand: logits ln 4, ln 2, ln 1, ln 1 (softmax
     /// 0.5, 0.25, 0.125, 0.125); the top 3 renormalised are 4/7, 2/7, 1/7, ties to the lower id.

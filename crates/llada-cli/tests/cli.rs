@@ -335,6 +335,21 @@ fn bad_input_is_a_clear_error() {
             ],
             "greedily",
         ),
+        (
+            &[
+                "eval",
+                "-m",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-llada-tasks"),
+                "--tasks",
+                "multi",
+                "--per-task",
+                "1",
+                "--answer-region",
+                "100",
+            ],
+            "cannot hold the longest held-out answer",
+        ),
+        (&["eval", "-m", "x", "--answer-region", "0"], "auto"),
     ];
     for (args, needle) in cases {
         let out = llada().args(*args).output().unwrap();
@@ -661,4 +676,20 @@ fn eval_reports_multi_items_by_subtask() {
     assert_eq!(count("total"), 5, "five items per multi row: {j}");
     let rate = j["item_tasks"]["multi"].as_f64().unwrap();
     assert!((rate - count("exact") as f64 / 5.0).abs() < 1e-9, "{j}");
+    assert_eq!(j["answer_region"], "auto", "{j}");
+    // A fixed region is rounded up to whole blocks (32) and reported.
+    let j = run_json(&[
+        "eval",
+        "-m",
+        model.to_str().unwrap(),
+        "--tasks",
+        "rev",
+        "--per-task",
+        "1",
+        "--answer-region",
+        "40",
+        "--json",
+    ]);
+    assert_eq!(j["answer_region"], "64", "{j}");
+    assert!(j["tasks"]["rev"].as_f64().is_some(), "{j}");
 }
