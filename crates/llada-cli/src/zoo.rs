@@ -1799,6 +1799,14 @@ impl AnswerRegion {
             Self::Fixed(n) => n.next_multiple_of(block),
         }
     }
+
+    /// How reports name it: `auto`, or the fixed length after rounding.
+    fn label(self, block: usize) -> String {
+        match self {
+            Self::Auto => "auto".to_string(),
+            Self::Fixed(_) => self.length(0, block).to_string(),
+        }
+    }
 }
 
 pub fn parse_answer_region(s: &str) -> Result<AnswerRegion, String> {
@@ -2134,7 +2142,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     if let AnswerRegion::Fixed(n) = a.answer_region {
         if let Some(ex) = split.iter().max_by_key(|ex| ex.answer.len()) {
             let need = ex.answer.len() + 1;
-            if need > n.next_multiple_of(a.diffusion.block_length) {
+            if need > a.answer_region.length(need, a.diffusion.block_length) {
                 bail!(
                     "--answer-region {n} cannot hold the longest held-out answer ({} tokens of \
                      task {} plus one EOS): use at least {need}, or fewer --tasks",
@@ -2193,10 +2201,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         .collect();
     let all = scores.values().fold(Score::default(), |a, s| a.merge(*s));
     let (total, char_total) = (rate(&all, Score::exact_rate), rate(&all, Score::char_rate));
-    let region_name = match a.answer_region {
-        AnswerRegion::Auto => "auto".to_string(),
-        AnswerRegion::Fixed(n) => n.next_multiple_of(a.diffusion.block_length).to_string(),
-    };
+    let region_name = a.answer_region.label(a.diffusion.block_length);
     if a.json {
         println!(
             "{}",
@@ -2248,6 +2253,8 @@ mod tests {
         assert_eq!(AnswerRegion::Auto.length(32, 16), 48);
         assert_eq!(AnswerRegion::Fixed(160).length(3, 32), 160);
         assert_eq!(AnswerRegion::Fixed(150).length(100, 32), 160);
+        assert_eq!(AnswerRegion::Fixed(150).label(32), "160");
+        assert_eq!(AnswerRegion::Auto.label(32), "auto");
     }
 
     /// Top-k of a softmax against values worked by hand: logits ln 4, ln 2, ln 1, ln 1 (softmax
