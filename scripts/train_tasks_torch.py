@@ -429,6 +429,10 @@ def parse():
                     "itself: other block lengths and fixed generation lengths (`llada generate "
                     "--gen-length`, `llada eval --answer-region N`) then decode in its training "
                     "layout (default: every region rounded up to 32)")
+    ap.add_argument("--late-eos-tail", metavar="P:MAX",
+                    help="--eos-tail of the second stage (--late-mix) only, so one run can learn "
+                    "the tasks in the rounded layout first and then end answers in random regions "
+                    "(default: the first stage's --eos-tail)")
     ap.add_argument("--threads", type=int, help="CPU threads of the training process")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
@@ -491,17 +495,25 @@ def parse():
     if a.ar_warmup is None:
         a.ar_warmup = 0.3 if a.format == "llada" else 0.5
     a.row_ends = a.padding == "hidden"
-    if a.eos_tail:
-        spec = a.eos_tail
+
+    def tail(flag, spec):
+        if spec is None:
+            return None
         try:
             p, most = spec.split(":")
-            a.eos_tail = (float(p), int(most))
+            out = (float(p), int(most))
         except ValueError:
-            ap.error(f"--eos-tail {spec!r}: expected P:MAX such as 0.5:96")
-        if not 0 < a.eos_tail[0] <= 1 or a.eos_tail[1] < 0:
-            ap.error(f"--eos-tail {spec!r}: P must lie in (0, 1] and MAX be ≥ 0")
+            ap.error(f"{flag} {spec!r}: expected P:MAX such as 0.5:96")
+        if not 0 < out[0] <= 1 or out[1] < 0:
+            ap.error(f"{flag} {spec!r}: P must lie in (0, 1] and MAX be ≥ 0")
         if not a.row_ends:
-            ap.error("--eos-tail needs --padding hidden (each row its own region)")
+            ap.error(f"{flag} needs --padding hidden (each row its own region)")
+        return out
+
+    a.eos_tail = tail("--eos-tail", a.eos_tail)
+    if a.late_eos_tail is not None and not a.late_mix:
+        ap.error("--late-eos-tail needs --late-mix (a second stage)")
+    a.late_eos_tail = tail("--late-eos-tail", a.late_eos_tail) if a.late_eos_tail else a.eos_tail
     return a
 
 
@@ -596,15 +608,15 @@ def train(a, dev):
 
     opt = adamw(a.lr)
 
-    def loader(mix, seed):
+    def loader(mix, seed, tail):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
         return iter(torch.utils.data.DataLoader(
-            Batches(seed, mix, a.batch_tokens, 32, a.bands, a.eos_tail), batch_size=None,
+            Batches(seed, mix, a.batch_tokens, 32, a.bands, tail), batch_size=None,
             num_workers=a.producers, pin_memory=cuda,
             prefetch_factor=8 if a.producers else None))
 
-    batches = loader(a.mix_weights, a.seed)
+    batches = loader(a.mix_weights, a.seed, a.eos_tail)
     # The second stage's batches come from a second generator seeded apart from the first, made
     # only when the stage begins (its workers would otherwise share the CPU all run long).
     second = False
@@ -638,10 +650,12 @@ def train(a, dev):
                 # The first stage's end, kept beside the run to tell what each stage bought.
                 save(model, a, os.path.join(a.out, "stage1"),
                      {"steps": step, "tokens": tokens, "partial": True})
-            batches = loader(a.late_weights, a.seed + 1000)
+            batches = loader(a.late_weights, a.seed + 1000, a.late_eos_tail)
             opt = adamw(a.late_lr)
             stage = (a.late_lr, a.late_warmup_steps, step, progress, 1.0)
-            print(f"step {step}: second stage, mix {a.late_mix}, lr {a.late_lr:g}", flush=True)
+            tails = f", EOS tails {a.late_eos_tail}" if a.late_eos_tail else ""
+            print(f"step {step}: second stage, mix {a.late_mix}, lr {a.late_lr:g}{tails}",
+                  flush=True)
         peak, warm, first, p0, p1 = stage
         frac = min(1.0, (progress - p0) / (p1 - p0))
         lr_scale = min(1.0, (step - first + 1) / warm)
