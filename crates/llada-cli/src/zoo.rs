@@ -184,6 +184,14 @@ pub struct TrainArgs {
     /// EOS too (docs/training.md, "Hidden batch padding").
     #[arg(long, default_value = "answer", value_parser = ["answer", "hidden"])]
     padding: String,
+    /// Diffusion task models with `--padding hidden`: with probability P a training row's
+    /// answer region is its answer, one EOS and a uniform 0..MAX more EOS, instead of answer + 1
+    /// rounded up to --pad-answers. With P = 1 the region's end no longer tells the model how
+    /// long the answer is, so it learns to end answers itself and decodes at any
+    /// `--gen-length` (`llada eval --answer-region N`), e.g. `--eos-tail 1:64`
+    /// (docs/training.md, "Random EOS tails").
+    #[arg(long, value_name = "P:MAX", value_parser = parse_eos_tail)]
+    eos_tail: Option<(f64, usize)>,
     /// Task models: one length band (a quarter of the range) per training batch, as since
     /// stop 16 (`--bands false`: every batch draws every length; with `--padding answer` a
     /// short row is then padded to the batch's longest).
@@ -318,6 +326,16 @@ fn parse_open_unit(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
         _ => Err(format!("expected a number in (0, 1), got '{s}'")),
+    }
+}
+
+/// `--eos-tail P:MAX`: P in (0, 1], MAX a token count.
+fn parse_eos_tail(s: &str) -> Result<(f64, usize), String> {
+    let bad = || format!("expected P:MAX with P in (0, 1] and MAX ≥ 0 (e.g. 1:64), got '{s}'");
+    let (p, most) = s.split_once(':').ok_or_else(bad)?;
+    match (p.parse::<f64>(), most.parse::<usize>()) {
+        (Ok(p), Ok(most)) if p > 0.0 && p <= 1.0 => Ok((p, most)),
+        _ => Err(bad()),
     }
 }
 
@@ -1311,12 +1329,13 @@ pub fn train(a: TrainArgs) -> Result<()> {
             || a.batch_tokens.is_some()
             || a.pad_answers.is_some()
             || a.padding != "answer"
+            || a.eos_tail.is_some()
             || !a.bands
             || a.adaptive_mix != 0.0
             || !a.multi_tasks.is_empty()
         {
             bail!(
-                "--tasks, --structured-masks, --batch-tokens, --pad-answers, --padding, --bands, --adaptive-mix and --multi-tasks apply to the task presets \
+                "--tasks, --structured-masks, --batch-tokens, --pad-answers, --padding, --eos-tail, --bands, --adaptive-mix and --multi-tasks apply to the task presets \
                  (tiny-llada-tasks, tiny-dream-tasks, tiny-ar-tasks), not to {}",
                 a.preset
             );
@@ -1374,13 +1393,19 @@ pub fn train(a: TrainArgs) -> Result<()> {
     let two_stream = a
         .two_stream
         .unwrap_or(spec.format == Format::LLaDA && ar_warmup > 0.0);
-    if (ar_warmup > 0.0 || a.pad_answers.is_some_and(|p| p > 0) || a.padding != "answer")
+    if (ar_warmup > 0.0
+        || a.pad_answers.is_some_and(|p| p > 0)
+        || a.padding != "answer"
+        || a.eos_tail.is_some())
         && spec.format == Format::Llama
     {
         bail!(
-            "--ar-warmup, --pad-answers and --padding apply to diffusion models \
+            "--ar-warmup, --pad-answers, --padding and --eos-tail apply to diffusion models \
              (tiny-llada-tasks, tiny-dream-tasks)"
         );
+    }
+    if a.eos_tail.is_some() && a.padding != "hidden" {
+        bail!("--eos-tail needs --padding hidden (each row its own answer region)");
     }
     // Announced once every option has been checked (a bad one is an error before this line).
     eprintln!(
@@ -1401,6 +1426,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
         ar_warmup,
         two_stream,
         pad_answers,
+        eos_tail: a.eos_tail,
         hide_padding: a.padding == "hidden",
         bands: a.bands,
         mix: llada_train::trainer::TaskMix::with_adaptive(a.adaptive_mix),

@@ -293,11 +293,45 @@ fn bad_input_is_a_clear_error() {
                 "--padding",
                 "hidden",
             ],
-            "--padding, --bands",
+            "--padding, --eos-tail",
         ),
         (
             &["train", "--preset", "tiny-ar-tasks", "--padding", "hidden"],
-            "--padding apply to diffusion models",
+            "--padding and --eos-tail apply to diffusion models",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-dream-tasks",
+                "--eos-tail",
+                "1:64",
+            ],
+            "--eos-tail needs --padding hidden",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-dream-tasks",
+                "--eos-tail",
+                "2:64",
+            ],
+            "expected P:MAX with P in (0, 1]",
+        ),
+        (
+            &["train", "--preset", "tiny-llada-tasks", "--eos-tail", "1"],
+            "expected P:MAX",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-prose",
+                "--eos-tail",
+                "1:64",
+            ],
+            "--eos-tail, --bands",
         ),
         (
             &[

@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        eos_tail: None,
         hide_padding: false,
         bands: true,
         mix: Default::default(),

@@ -76,7 +76,7 @@ pub struct SoftTargets {
 /// Lay out `examples` as `BOS prompt answer EOS…` rows of one length (multiple of 8); returns
 /// rows and the index where each answer starts.
 pub fn layout(examples: &[Example], min_pad: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
-    let (rows, starts, _) = layout_padded(examples, min_pad, 0);
+    let (rows, starts, _) = layout_padded(examples, min_pad, 0, &[]);
     (rows, starts)
 }
 
@@ -93,13 +93,19 @@ pub fn answer_region(answer: usize, min_pad: usize, pad_to: usize) -> usize {
 /// [`layout`] where every answer region (answer + EOS padding) is at least `answer + min_pad`
 /// rounded up to a multiple of `pad_to` (0: no rounding) — the generation lengths `llada eval`
 /// decodes with (`(answer + 1)` rounded up to whole 32-token blocks), so that a model meets the
-/// long EOS tails of decoding in training too. Returns the rows, the index where each answer
-/// starts and where each row's own region ends (`start + region`; the EOS beyond, up to the
-/// batch's longest row, is only there to make the rows one length).
+/// long EOS tails of decoding in training too. `tails[r]`, where given and `Some(x)`, replaces
+/// row `r`'s rounded region by `answer + min_pad + x` (random EOS tails, [`TaskData::eos_tail`]:
+/// the region's end then says nothing about the answer's length); an empty slice keeps every
+/// row rounded. Returns the rows, the index where each answer starts and where each row's own
+/// region ends (`start + region`; the EOS beyond, up to the batch's longest row, is only there
+/// to make the rows one length).
+///
+/// [`TaskData::eos_tail`]: crate::trainer::TaskData::eos_tail
 pub fn layout_padded(
     examples: &[Example],
     min_pad: usize,
     pad_to: usize,
+    tails: &[Option<usize>],
 ) -> (Vec<Vec<u32>>, Vec<usize>, Vec<usize>) {
     let enc: Vec<(Vec<u32>, Vec<u32>)> = examples
         .iter()
@@ -108,7 +114,14 @@ pub fn layout_padded(
     // Each row's own end (BOS + prompt + region); the batch's length is the longest.
     let ends: Vec<usize> = enc
         .iter()
-        .map(|(p, a)| 1 + p.len() + answer_region(a.len(), min_pad, pad_to))
+        .enumerate()
+        .map(|(r, (p, a))| {
+            1 + p.len()
+                + match tails.get(r).copied().flatten() {
+                    Some(x) => a.len() + min_pad + x,
+                    None => answer_region(a.len(), min_pad, pad_to),
+                }
+        })
         .collect();
     let t = ends.iter().copied().max().unwrap_or(8).next_multiple_of(8);
     let mut rows = vec![];
@@ -134,7 +147,7 @@ pub fn diffusion_batch(
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
-    diffusion_batch_padded(examples, mask_id, eps, shift, 0.0, 0, false, rng, dev)
+    diffusion_batch_padded(examples, mask_id, eps, shift, 0.0, 0, &[], false, rng, dev)
 }
 
 /// [`diffusion_batch`] with two options.
@@ -148,8 +161,8 @@ pub fn diffusion_batch(
 /// digits); with independent masking alone those contexts are rare once answers are long.
 ///
 /// Rows are [`layout_padded`]: answer regions rounded up to multiples of `pad_to` (0: off)
-/// with EOS, which are masked and weighted like answer tokens (LLaDA's SFT trains its EOS
-/// padding the same way).
+/// with EOS, or for rows with a `tails` entry the answer, one EOS and that many more, all
+/// masked and weighted like answer tokens (LLaDA's SFT trains its EOS padding the same way).
 ///
 /// `hide_padding`: a row's answer is its own region (`answer + 1` EOS rounded up to `pad_to`),
 /// and the EOS beyond it, up to the batch's longest row, is hidden — no attention to it
@@ -167,11 +180,12 @@ pub fn diffusion_batch_padded(
     shift: bool,
     structured: f64,
     pad_to: usize,
+    tails: &[Option<usize>],
     hide_padding: bool,
     rng: &mut impl Rng,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts, mut ends) = layout_padded(examples, 1, pad_to);
+    let (rows, starts, mut ends) = layout_padded(examples, 1, pad_to, tails);
     let (b, t) = (rows.len(), rows[0].len());
     if !hide_padding {
         ends.fill(t);
@@ -270,7 +284,7 @@ fn next_token(
     hide_padding: bool,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts, mut ends) = layout_padded(examples, 1, 0);
+    let (rows, starts, mut ends) = layout_padded(examples, 1, 0, &[]);
     let (b, t) = (rows.len(), rows[0].len());
     if !hide_padding {
         ends.fill(t);
@@ -318,7 +332,7 @@ pub fn two_stream_batch(
     hide_padding: bool,
     dev: &Device,
 ) -> Result<Batch> {
-    let (rows, starts, ends) = layout_padded(examples, 1, 0);
+    let (rows, starts, ends) = layout_padded(examples, 1, 0, &[]);
     two_stream_rows(
         &rows,
         &starts,
@@ -466,8 +480,19 @@ mod tests {
         let ex: Vec<Example> = (0..256).map(|_| g.next(Some("rev"))).collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
         let (_, starts) = layout(&ex, 1);
-        let b = diffusion_batch_padded(&ex, 2, 0.05, false, 1.0, 0, false, &mut rng, &Device::Cpu)
-            .unwrap();
+        let b = diffusion_batch_padded(
+            &ex,
+            2,
+            0.05,
+            false,
+            1.0,
+            0,
+            &[],
+            false,
+            &mut rng,
+            &Device::Cpu,
+        )
+        .unwrap();
         let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
         let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
         let (mut suffix, mut prefix) = (0, 0);
@@ -494,8 +519,19 @@ mod tests {
         // Both shapes occur, in roughly equal numbers.
         assert!(suffix > 80 && prefix > 80, "{suffix} {prefix}");
         // structured = 0 is independent masking: some row has a gap.
-        let b = diffusion_batch_padded(&ex, 2, 0.05, false, 0.0, 0, false, &mut rng, &Device::Cpu)
-            .unwrap();
+        let b = diffusion_batch_padded(
+            &ex,
+            2,
+            0.05,
+            false,
+            0.0,
+            0,
+            &[],
+            false,
+            &mut rng,
+            &Device::Cpu,
+        )
+        .unwrap();
         let ids: Vec<Vec<u32>> = b.ids.to_vec2().unwrap();
         assert!(ids.iter().any(|row| {
             let m: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 2).collect();
@@ -508,7 +544,7 @@ mod tests {
         let mut g = TaskGen::new(9, false);
         for task in ["add", "rev", "sort"] {
             let ex: Vec<Example> = (0..6).map(|_| g.next(Some(task))).collect();
-            let (rows, starts, ends) = layout_padded(&ex, 1, 32);
+            let (rows, starts, ends) = layout_padded(&ex, 1, 32, &[]);
             for (((row, &s), &end), e) in rows.iter().zip(&starts).zip(&ends).zip(&ex) {
                 let a = e.answer.chars().count();
                 // The region eval decodes, (answer + 1) rounded up to 32, fits in the row, ends
@@ -526,12 +562,70 @@ mod tests {
                 false,
                 0.0,
                 32,
+                &[],
                 false,
                 &mut rand::rngs::StdRng::seed_from_u64(1),
                 &Device::Cpu,
             )
             .unwrap();
             assert_eq!(b.ids.dims2().unwrap(), (6, rows[0].len()));
+        }
+    }
+
+    #[test]
+    fn eos_tails_replace_the_rounded_region() {
+        let mut g = TaskGen::new(11, false);
+        let ex: Vec<Example> = (0..5).map(|_| g.next(Some("sort"))).collect();
+        let tails = [Some(0), None, Some(7), Some(64), None];
+        let (rows, starts, ends) = layout_padded(&ex, 1, 32, &tails);
+        for (r, e) in ex.iter().enumerate() {
+            let (s, a) = (starts[r], e.answer.chars().count());
+            // A tail: answer, one EOS and exactly that many more, not rounded; no tail: the
+            // rounded region, as without tails.
+            let region = match tails[r] {
+                Some(x) => a + 1 + x,
+                None => (a + 1).next_multiple_of(32),
+            };
+            assert_eq!(ends[r], s + region, "row {r}");
+            assert!(rows[r].len() >= ends[r]);
+            assert!(rows[r][s + a..].iter().all(|&t| t == EOS));
+        }
+        // Fewer tails than rows: the rest are rounded.
+        let (_, starts2, ends2) = layout_padded(&ex, 1, 32, &tails[..1]);
+        let a1 = ex[1].answer.chars().count();
+        assert_eq!(ends2[1], starts2[1] + (a1 + 1).next_multiple_of(32));
+        // Hidden padding: the loss and masks stay inside each row's own (tailed) region.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..20 {
+            let b = diffusion_batch_padded(
+                &ex,
+                2,
+                0.05,
+                false,
+                0.5,
+                32,
+                &tails,
+                true,
+                &mut rng,
+                &Device::Cpu,
+            )
+            .unwrap();
+            let be: Vec<usize> = b
+                .ends
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|&e| e as usize)
+                .collect();
+            assert_eq!(be, ends);
+            let w: Vec<Vec<f32>> = b.weights.to_vec2().unwrap();
+            for (r, wr) in w.iter().enumerate() {
+                assert!(wr
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == 0.0 || (starts[r]..ends[r]).contains(&i)));
+                assert!(wr[starts[r]..ends[r]].iter().any(|&x| x > 0.0));
+            }
         }
     }
 
@@ -563,7 +657,7 @@ mod tests {
         // Sorts of very different lengths: short rows carry long EOS tails.
         let mut g = TaskGen::new(8, false);
         let ex: Vec<Example> = (0..8).map(|_| g.next(Some("sort"))).collect();
-        let (rows, starts, ends) = layout_padded(&ex, 1, 0);
+        let (rows, starts, ends) = layout_padded(&ex, 1, 0, &[]);
         let t = rows[0].len();
         assert!(ends.iter().any(|&e| e + 8 < t), "a short row");
         let dev = Device::Cpu;

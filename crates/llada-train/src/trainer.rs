@@ -351,6 +351,13 @@ pub struct TaskData {
     /// `llada eval` decodes ([`crate::objective::layout_padded`]). Held-out batches keep the
     /// unpadded layout.
     pub pad_answers: usize,
+    /// Diffusion rows, with `hide_padding`: `Some((p, max))` gives each row, with probability
+    /// `p`, a region of its answer, one EOS and a uniform `0..=max` more EOS instead of the
+    /// rounded one ([`crate::objective::layout_padded`]'s `tails`), so the region's end no longer
+    /// tells the model how long the answer is and other block and generation lengths decode in
+    /// its training layout (docs/training.md, "Random EOS tails"). The draws come from the
+    /// batch's random stream only when set: `None` leaves every batch as before.
+    pub eos_tail: Option<(f64, usize)>,
     /// Diffusion rows: hide the EOS padding beyond each row's own answer region from
     /// attention and loss ([`crate::objective::diffusion_batch_padded`]'s `hide_padding`), so
     /// rows of any length share a batch without changing what each one trains on. The
@@ -440,14 +447,36 @@ impl DataSource for TaskData {
         let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
         let ar = !heldout && progress < self.ar_warmup;
         let pad = if heldout || ar { 0 } else { self.pad_answers };
+        // Random EOS tails: diffusion training rows with hidden padding only (a row's region
+        // is its own only when the padding beyond is hidden).
+        let mut tails: Vec<Option<usize>> = match self.eos_tail {
+            Some((p, most)) if !heldout && !ar && self.hide_padding => ex
+                .iter()
+                .map(|_| {
+                    (rand::Rng::random::<f64>(&mut *rng) < p)
+                        .then(|| rand::Rng::random_range(&mut *rng, 0..=most))
+                })
+                .collect(),
+            _ => vec![],
+        };
         if !heldout && self.batch_tokens > 0 {
-            // + BOS; the answer with its EOS padding (at least one).
+            // + BOS; the answer with its EOS padding (at least one) or its tail.
             let row = ex
                 .iter()
-                .map(|e| e.prompt.len() + 1 + answer_region(e.answer.len(), 1, pad))
+                .enumerate()
+                .map(|(r, e)| {
+                    e.prompt.len()
+                        + 1
+                        + match tails.get(r).copied().flatten() {
+                            Some(x) => e.answer.len() + 1 + x,
+                            None => answer_region(e.answer.len(), 1, pad),
+                        }
+                })
                 .max()
                 .unwrap_or(1);
-            ex.truncate((self.batch_tokens / row).clamp(4.min(self.batch), self.batch));
+            let keep = (self.batch_tokens / row).clamp(4.min(self.batch), self.batch);
+            ex.truncate(keep);
+            tails.truncate(keep);
         }
         let structured = if heldout { 0.0 } else { self.structured };
         let hide = self.hide_padding && !heldout;
@@ -458,6 +487,7 @@ impl DataSource for TaskData {
             self.two_stream,
             structured,
             pad,
+            &tails,
             hide,
             rng,
             dev,
@@ -487,7 +517,18 @@ impl DataSource for TaskData {
             let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
-                out.push(encode(band, spec, false, false, 0.0, 0, false, rng, dev)?);
+                out.push(encode(
+                    band,
+                    spec,
+                    false,
+                    false,
+                    0.0,
+                    0,
+                    &[],
+                    false,
+                    rng,
+                    dev,
+                )?);
                 self.mix.heldout_task.push(t);
             }
         }
@@ -554,6 +595,7 @@ fn encode(
     two_stream: bool,
     structured: f64,
     pad_to: usize,
+    tails: &[Option<usize>],
     hide_padding: bool,
     rng: &mut rand::rngs::StdRng,
     dev: &Device,
@@ -573,6 +615,7 @@ fn encode(
             f == Format::Dream,
             structured,
             pad_to,
+            tails,
             hide_padding,
             rng,
             dev,
@@ -830,6 +873,7 @@ pub fn train_tasks(
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        eos_tail: None,
         hide_padding: false,
         bands: true,
         mix: TaskMix::default(),

@@ -108,6 +108,7 @@ fn checkpoints_round_trip_through_the_engine_loader() {
                 ar_warmup: 0.0,
                 two_stream: false,
                 pad_answers: 0,
+                eos_tail: None,
                 hide_padding: false,
                 bands: true,
                 mix: Default::default(),
@@ -616,6 +617,7 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        eos_tail: None,
         hide_padding: false,
         bands: true,
         mix: Default::default(),
@@ -730,6 +732,7 @@ fn token_budget_trims_long_batches_only() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        eos_tail: None,
         hide_padding: false,
         bands: true,
         mix: Default::default(),
@@ -1019,6 +1022,7 @@ fn adaptive_mix_draws_tasks_by_held_out_loss() {
         ar_warmup: 0.0,
         two_stream: false,
         pad_answers: 0,
+        eos_tail: None,
         hide_padding: false,
         bands: true,
         mix: TaskMix::with_adaptive(1.0),
@@ -1111,7 +1115,8 @@ fn hidden_padding_trains_each_row_as_if_alone() {
         }
         let mk = |hide: bool| {
             let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-            diffusion_batch_padded(&ex, MASK, 0.05, shift, 0.5, 32, hide, &mut rng, &dev).unwrap()
+            diffusion_batch_padded(&ex, MASK, 0.05, shift, 0.5, 32, &[], hide, &mut rng, &dev)
+                .unwrap()
         };
         let (b, open) = (mk(true), mk(false));
         assert!(open.ends.is_none());
@@ -1221,4 +1226,84 @@ fn hidden_padding_trains_each_row_as_if_alone() {
             );
         }
     }
+}
+
+/// Random EOS tails (`TaskData::eos_tail`): with hidden padding, diffusion training rows get
+/// regions of answer + 1 + U(0..=max) EOS instead of the rounded one; the autoregressive
+/// warm-up and batches without hidden padding keep the rounded layout.
+#[test]
+fn task_data_eos_tails() {
+    use llada_train::trainer::{DataSource, TaskMix};
+    let dev = Device::Cpu;
+    let s = spec(Format::LLaDA);
+    let data = |eos_tail, hide_padding, ar_warmup| TaskData {
+        batch: 16,
+        batch_tokens: 0,
+        seed: 9,
+        curriculum: 1.0,
+        tasks: vec!["sort"],
+        max_scale: 1.0,
+        structured: 0.5,
+        ar_warmup,
+        two_stream: false,
+        pad_answers: 32,
+        eos_tail,
+        hide_padding,
+        bands: false,
+        mix: TaskMix::with_adaptive(0.0),
+    };
+    let eq = CharVocab::encode("=")[0];
+    // Per row of one training batch: (clean prompt + answer, answer length, region length).
+    let rows = |d: &mut TaskData, step: usize| -> Vec<(Vec<u32>, usize, usize)> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(step as u64);
+        let b = d.batch(step, 0.5, &s, false, &mut rng, &dev).unwrap();
+        // LLaDA: the targets are the clean rows.
+        let clean: Vec<Vec<u32>> = b.targets.to_vec2().unwrap();
+        let ends = b.ends.expect("hidden padding sets row ends");
+        clean
+            .iter()
+            .zip(ends.iter())
+            .map(|(row, &e)| {
+                let start = row.iter().position(|&t| t == eq).unwrap() + 1;
+                let answer = row[start..].iter().position(|&t| t == EOS).unwrap();
+                assert!(row[start + answer..].iter().all(|&t| t == EOS));
+                (row[..start + answer].to_vec(), answer, e as usize - start)
+            })
+            .collect()
+    };
+    // P = 1, MAX = 0: every region is exactly the answer and one EOS.
+    let mut exact = data(Some((1.0, 0)), true, 0.0);
+    for (_, answer, region) in rows(&mut exact, 1) {
+        assert_eq!(region, answer + 1);
+    }
+    // P = 1, MAX = 64: regions of answer + 1..=65, varied, mostly not whole 32-token blocks.
+    let mut tailed = data(Some((1.0, 64)), true, 0.0);
+    let r: Vec<(Vec<u32>, usize, usize)> = (0..4).flat_map(|i| rows(&mut tailed, i)).collect();
+    assert!(r.iter().all(|(_, a, g)| (a + 1..=a + 65).contains(g)));
+    assert!(r.iter().filter(|x| x.2 % 32 != 0).count() > r.len() / 2);
+    let tails: std::collections::HashSet<usize> = r.iter().map(|(_, a, g)| g - a).collect();
+    assert!(tails.len() > 8, "{tails:?}");
+    // No tails: every region is answer + 1 rounded up to 32, and the examples are the same.
+    let mut plain = data(None, true, 0.0);
+    for i in 0..4 {
+        let p = rows(&mut plain, i);
+        assert!(p.iter().all(|(_, a, g)| *g == (a + 1).next_multiple_of(32)));
+        let t = rows(&mut tailed, i);
+        assert!(p.iter().zip(&t).all(|(x, y)| x.0 == y.0));
+    }
+    // The warm-up's next-token rows and batches without hidden padding take no tails.
+    let mut warm = data(Some((1.0, 64)), true, 0.5);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    assert!(
+        warm.batch(3, 0.1, &s, false, &mut rng, &dev)
+            .unwrap()
+            .causal
+    );
+    let mut open = data(Some((1.0, 64)), false, 0.0);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    assert!(open
+        .batch(3, 0.5, &s, false, &mut rng, &dev)
+        .unwrap()
+        .ends
+        .is_none());
 }
