@@ -84,7 +84,7 @@ class Batches(torch.utils.data.IterableDataset):
 
     def tails(self, rng, n):
         """Per row: None (the region rounded up to `pad_to`) or, with probability P of
-        `--eos-tail P:MAX`, a uniform 0..MAX EOS beyond the answer's own one."""
+        `--eos-tail P:MAX`, a uniform 0 to MAX (inclusive) EOS beyond the answer's own one."""
         if self.tail is None:
             return None
         p, most = self.tail
@@ -424,11 +424,12 @@ def parse():
                     "answer, seen and weighted (stop 39's runs and checkpoint)")
     ap.add_argument("--eos-tail", metavar="P:MAX",
                     help="with probability P a row's answer region is its answer, one EOS and a "
-                    "uniform 0..MAX more EOS, not rounded up to 32. With P = 1 the region's end "
-                    "no longer tells the model how long the answer is, so it has to end answers "
-                    "itself: other block lengths and fixed generation lengths (`llada generate "
-                    "--gen-length`, `llada eval --answer-region N`) then decode in its training "
-                    "layout (default: every region rounded up to 32)")
+                    "uniform 0 to MAX (inclusive) more EOS, not rounded up to 32. With P = 1 "
+                    "the region's end no longer tells the model how long the answer is, so it "
+                    "has to end answers itself: other block lengths and fixed generation lengths "
+                    "up to about answer + MAX (`llada generate --gen-length`, `llada eval "
+                    "--answer-region N`) then decode in its training layout (default: every "
+                    "region rounded up to 32)")
     ap.add_argument("--late-eos-tail", metavar="P:MAX",
                     help="--eos-tail of the second stage (--late-mix) only, so one run can learn "
                     "the tasks in the rounded layout first and then end answers in random regions "
@@ -513,7 +514,8 @@ def parse():
     a.eos_tail = tail("--eos-tail", a.eos_tail)
     if a.late_eos_tail is not None and not a.late_mix:
         ap.error("--late-eos-tail needs --late-mix (a second stage)")
-    a.late_eos_tail = tail("--late-eos-tail", a.late_eos_tail) if a.late_eos_tail else a.eos_tail
+    a.late_eos_tail = (tail("--late-eos-tail", a.late_eos_tail) if a.late_eos_tail is not None
+                       else a.eos_tail)
     return a
 
 

@@ -185,10 +185,11 @@ pub struct TrainArgs {
     #[arg(long, default_value = "answer", value_parser = ["answer", "hidden"])]
     padding: String,
     /// Diffusion task models with `--padding hidden`: with probability P a training row's
-    /// answer region is its answer, one EOS and a uniform 0..MAX more EOS, instead of answer + 1
-    /// rounded up to --pad-answers. With P = 1 the region's end no longer tells the model how
-    /// long the answer is, so it learns to end answers itself and decodes at any
-    /// `--gen-length` (`llada eval --answer-region N`), e.g. `--eos-tail 1:64`
+    /// answer region is its answer, one EOS and 0 to MAX (uniform, inclusive) more EOS, instead
+    /// of answer + 1 rounded up to --pad-answers. With P = 1 the region's end no longer tells
+    /// the model how long the answer is, so it learns to end answers itself and decodes in
+    /// fixed regions up to about answer + MAX (`--gen-length 64`, `llada eval --answer-region
+    /// 64` after `--eos-tail 1:64`; not far beyond what was drawn). MAX ≤ 512
     /// (docs/training.md, "Random EOS tails").
     #[arg(long, value_name = "P:MAX", value_parser = parse_eos_tail)]
     eos_tail: Option<(f64, usize)>,
@@ -329,12 +330,13 @@ fn parse_open_unit(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `--eos-tail P:MAX`: P in (0, 1], MAX a token count.
+/// `--eos-tail P:MAX`: P in (0, 1], MAX a token count up to 512 (the task models' context).
 fn parse_eos_tail(s: &str) -> Result<(f64, usize), String> {
-    let bad = || format!("expected P:MAX with P in (0, 1] and MAX ≥ 0 (e.g. 1:64), got '{s}'");
+    let bad =
+        || format!("expected P:MAX with P in (0, 1] and MAX in 0..=512 (e.g. 1:64), got '{s}'");
     let (p, most) = s.split_once(':').ok_or_else(bad)?;
     match (p.parse::<f64>(), most.parse::<usize>()) {
-        (Ok(p), Ok(most)) if p > 0.0 && p <= 1.0 => Ok((p, most)),
+        (Ok(p), Ok(most)) if p > 0.0 && p <= 1.0 && most <= 512 => Ok((p, most)),
         _ => Err(bad()),
     }
 }

@@ -327,6 +327,16 @@ fn bad_input_is_a_clear_error() {
             &[
                 "train",
                 "--preset",
+                "tiny-llada-tasks",
+                "--eos-tail",
+                "1:100000",
+            ],
+            "MAX in 0..=512",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
                 "tiny-llada-prose",
                 "--eos-tail",
                 "1:64",

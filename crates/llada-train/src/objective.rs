@@ -164,10 +164,11 @@ pub fn diffusion_batch(
 /// with EOS, or for rows with a `tails` entry the answer, one EOS and that many more, all
 /// masked and weighted like answer tokens (LLaDA's SFT trains its EOS padding the same way).
 ///
-/// `hide_padding`: a row's answer is its own region (`answer + 1` EOS rounded up to `pad_to`),
-/// and the EOS beyond it, up to the batch's longest row, is hidden — no attention to it
+/// `hide_padding`: a row's answer is its own region (`answer + 1` EOS rounded up to `pad_to`, or
+/// answer + 1 + its tail), and the EOS beyond it, up to the batch's longest row, is hidden — no attention to it
 /// ([`Batch::ends`]), no mask, no loss — so each row trains in exactly the layout `llada eval`
-/// decodes it in, whatever else the batch holds. Without it a short row's answer runs to the
+/// decodes it in, whatever else the batch holds. Tails are meant for it: without it they only
+/// widen the rows. Without it a short row's answer runs to the
 /// batch's end: its real tokens get a small share of its `1/(t·L)` weight and every attention
 /// sum includes EOS columns that decoding never has (sorts alone, 12 minutes of PyTorch
 /// training, one thread: 34 % exact with the padding as answer, 66 % hidden;
@@ -590,10 +591,12 @@ mod tests {
             assert!(rows[r].len() >= ends[r]);
             assert!(rows[r][s + a..].iter().all(|&t| t == EOS));
         }
-        // Fewer tails than rows: the rest are rounded.
-        let (_, starts2, ends2) = layout_padded(&ex, 1, 32, &tails[..1]);
-        let a1 = ex[1].answer.chars().count();
-        assert_eq!(ends2[1], starts2[1] + (a1 + 1).next_multiple_of(32));
+        // Fewer tails than rows: those given apply, the rest are rounded.
+        let (_, starts2, ends2) = layout_padded(&ex, 1, 32, &tails[..3]);
+        assert_eq!(ends2[2], ends[2] - starts[2] + starts2[2]);
+        let a3 = ex[3].answer.chars().count();
+        assert_eq!(ends2[3], starts2[3] + (a3 + 1).next_multiple_of(32));
+        assert_ne!(ends2[3] - starts2[3], ends[3] - starts[3]);
         // Hidden padding: the loss and masks stay inside each row's own (tailed) region.
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..20 {

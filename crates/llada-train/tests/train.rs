@@ -1291,19 +1291,24 @@ fn task_data_eos_tails() {
         let t = rows(&mut tailed, i);
         assert!(p.iter().zip(&t).all(|(x, y)| x.0 == y.0));
     }
-    // The warm-up's next-token rows and batches without hidden padding take no tails.
-    let mut warm = data(Some((1.0, 64)), true, 0.5);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    assert!(
-        warm.batch(3, 0.1, &s, false, &mut rng, &dev)
-            .unwrap()
-            .causal
-    );
-    let mut open = data(Some((1.0, 64)), false, 0.0);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    assert!(open
-        .batch(3, 0.5, &s, false, &mut rng, &dev)
-        .unwrap()
-        .ends
-        .is_none());
+    // The warm-up's next-token rows and batches without hidden padding take no tails: with a
+    // token budget, the same rows (count and width) as without the option.
+    let shape = |eos_tail, hide, ar_warmup, progress| {
+        let mut d = data(eos_tail, hide, ar_warmup);
+        d.batch_tokens = 2048;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let b = d.batch(3, progress, &s, false, &mut rng, &dev).unwrap();
+        (b.ids.dims2().unwrap(), b.causal, b.ends.is_some())
+    };
+    let warm = shape(Some((1.0, 64)), true, 0.5, 0.1);
+    assert!(warm.1, "a warm-up batch");
+    assert_eq!(warm, shape(None, true, 0.5, 0.1));
+    let open = shape(Some((1.0, 64)), false, 0.0, 0.5);
+    assert!(!open.2, "no row ends without hidden padding");
+    assert_eq!(open, shape(None, false, 0.0, 0.5));
+    // With hidden padding the tails widen the rows, and the budget takes fewer of them.
+    let (tailed_dims, _, _) = shape(Some((1.0, 64)), true, 0.0, 0.5);
+    let (plain_dims, _, _) = shape(None, true, 0.0, 0.5);
+    assert!(tailed_dims.1 > plain_dims.1 && tailed_dims.0 <= plain_dims.0);
+    assert!(tailed_dims.0 * tailed_dims.1 <= 2048 + tailed_dims.1 + 8 * tailed_dims.0);
 }
