@@ -90,6 +90,15 @@ pub fn answer_region(answer: usize, min_pad: usize, pad_to: usize) -> usize {
     }
 }
 
+/// [`answer_region`], or with a random EOS tail `Some(x)` (hidden padding only) exactly the
+/// answer, `min_pad` EOS and `x` more, not rounded: a row's region in [`layout_padded`].
+pub fn tailed_region(answer: usize, min_pad: usize, pad_to: usize, tail: Option<usize>) -> usize {
+    match tail {
+        Some(x) => answer + min_pad + x,
+        None => answer_region(answer, min_pad, pad_to),
+    }
+}
+
 /// [`layout`] where every answer region (answer + EOS padding) is at least `answer + min_pad`
 /// rounded up to a multiple of `pad_to` (0: no rounding) — the generation lengths `llada eval`
 /// decodes with (`(answer + 1)` rounded up to whole 32-token blocks), so that a model meets the
@@ -116,11 +125,7 @@ pub fn layout_padded(
         .iter()
         .enumerate()
         .map(|(r, (p, a))| {
-            1 + p.len()
-                + match tails.get(r).copied().flatten() {
-                    Some(x) => a.len() + min_pad + x,
-                    None => answer_region(a.len(), min_pad, pad_to),
-                }
+            1 + p.len() + tailed_region(a.len(), min_pad, pad_to, tails.get(r).copied().flatten())
         })
         .collect();
     let t = ends.iter().copied().max().unwrap_or(8).next_multiple_of(8);
@@ -165,14 +170,13 @@ pub fn diffusion_batch(
 /// masked and weighted like answer tokens (LLaDA's SFT trains its EOS padding the same way).
 ///
 /// `hide_padding`: a row's answer is its own region (`answer + 1` EOS rounded up to `pad_to`, or
-/// answer + 1 + its tail), and the EOS beyond it, up to the batch's longest row, is hidden — no attention to it
-/// ([`Batch::ends`]), no mask, no loss — so each row trains in exactly the layout `llada eval`
-/// decodes it in, whatever else the batch holds. Tails are meant for it: without it they only
-/// widen the rows. Without it a short row's answer runs to the
-/// batch's end: its real tokens get a small share of its `1/(t·L)` weight and every attention
-/// sum includes EOS columns that decoding never has (sorts alone, 12 minutes of PyTorch
-/// training, one thread: 34 % exact with the padding as answer, 66 % hidden;
-/// docs/training.md).
+/// answer + 1 + its tail), and the EOS beyond it, up to the batch's longest row, is hidden —
+/// no attention to it ([`Batch::ends`]), no mask, no loss — so each row trains in exactly the
+/// layout `llada eval` decodes it in, whatever else the batch holds. Tails are meant for it:
+/// without it they only widen the rows. Without it a short row's answer runs to the batch's end:
+/// its real tokens get a small share of its `1/(t·L)` weight and every attention sum includes
+/// EOS columns that decoding never has (sorts alone, 12 minutes of PyTorch training, one
+/// thread: 34 % exact with the padding as answer, 66 % hidden; docs/training.md).
 #[allow(clippy::too_many_arguments)]
 pub fn diffusion_batch_padded(
     examples: &[Example],

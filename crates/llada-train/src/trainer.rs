@@ -3,7 +3,7 @@
 
 use crate::model::{Format, ModelSpec, TrainModel};
 use crate::objective::{
-    answer_region, diffusion_batch_padded, next_token_batch, shifted_next_token_batch,
+    diffusion_batch_padded, next_token_batch, shifted_next_token_batch, tailed_region,
     two_stream_batch, weighted_ce,
 };
 use crate::tasks::{Example, TaskGen};
@@ -465,12 +465,8 @@ impl DataSource for TaskData {
                 .iter()
                 .enumerate()
                 .map(|(r, e)| {
-                    e.prompt.len()
-                        + 1
-                        + match tails.get(r).copied().flatten() {
-                            Some(x) => e.answer.len() + 1 + x,
-                            None => answer_region(e.answer.len(), 1, pad),
-                        }
+                    let tail = tails.get(r).copied().flatten();
+                    e.prompt.len() + 1 + tailed_region(e.answer.len(), 1, pad, tail)
                 })
                 .max()
                 .unwrap_or(1);
