@@ -64,9 +64,16 @@ pub struct SpecArgs {
     #[arg(long)]
     pub edc: bool,
     /// AHASD: time-aware pre-verification (the draft lane verifies pending drafts with the
-    /// target while it would idle).
+    /// target while it would idle). It runs only where the draft lane has idle hardware of its
+    /// own: not when the target streams its weights (`--mem-budget` below its size) or when
+    /// the lanes' threads outnumber the cores; the run then says why TVC stayed off.
     #[arg(long)]
     pub tvc: bool,
+    /// AHASD: run TVC's pre-verification even where it competes with the verifier for the
+    /// cores or the streamed weights (BRIEF's rule as stated; measured 0.55x of lock-step at a
+    /// 25 % budget on 2 cores).
+    #[arg(long, requires = "tvc")]
+    pub tvc_shared: bool,
     /// AHASD: tokens per draft batch.
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
@@ -316,6 +323,7 @@ pub fn run_generate(
                 max_verify: 16,
                 edc: a.edc,
                 tvc: a.tvc,
+                tvc_on_shared: a.tvc_shared,
                 synchronous: mode == "sync",
                 stop_ids: stop,
             },
@@ -328,6 +336,7 @@ pub fn run_generate(
             verify_s: o.verify_busy_s,
             prefill_s: o.prefill_s,
             total_s: o.total_s,
+            tvc_gated: o.tvc_gated,
             ..Default::default()
         });
     }
@@ -421,6 +430,9 @@ struct SpecRun {
     /// pre-verification fit the verifier's predicted time left.
     preverified: usize,
     tvc_skips: usize,
+    /// TVC: why it stayed off in this configuration's runs (`ahasd::tvc_gate`), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tvc_gated: Option<String>,
 }
 
 /// How a bench cell decodes: a tree shape verified in lock-step (optionally with early exit),
@@ -483,6 +495,7 @@ struct Tally {
     verify_busy: f64,
     preverified: usize,
     tvc_skips: usize,
+    tvc_gated: Option<String>,
     /// Weight bytes streamed from storage.
     bytes: u64,
     peak_rss: Option<u64>,
@@ -549,6 +562,7 @@ impl Tally {
             verify_util: self.verify_busy / self.secs,
             preverified: self.preverified,
             tvc_skips: self.tvc_skips,
+            tvc_gated: self.tvc_gated.clone(),
         }
     }
 }
@@ -891,6 +905,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                                         max_verify: 16,
                                         edc: *edc,
                                         tvc: *tvc,
+                                        tvc_on_shared: false,
                                         synchronous: *synchronous,
                                         stop_ids: vec![],
                                     },
@@ -900,6 +915,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                                 t.verify_busy += o.verify_busy_s;
                                 t.preverified += o.preverified;
                                 t.tvc_skips += o.tvc_skips;
+                                t.tvc_gated = o.tvc_gated.or(t.tvc_gated.take());
                                 t.accepted += o.accepted;
                                 t.passes += o.verify_passes;
                                 o.tokens
@@ -937,8 +953,11 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         }));
         // Weight memory is counted exactly (every packed weight and staging read buffer); RSS
         // also holds the tokenizer, KV caches, logits, drafts and the allocator's slack.
-        // Loading, then each configuration (TVC pre-verifies with the target on the draft
-        // lane: a second streamed pass, so twice the staging while both run). The budget is
+        // Loading, then each configuration (TVC, where it runs, pre-verifies with the target on
+        // the draft lane: a second pass, so twice the staging while both run if the target
+        // streams — which is why TVC stays off for a streamed target, `tvc_gate`, and every
+        // configuration is held to the bound; the peak without the TVC row is kept for
+        // comparison with earlier reports). The budget is
         // the target's: the draft models' weights (resident, outside the budget, all of them
         // loaded through every run of the budget: `drafts_w`) are left out of the bound.
         let peak_of = |with_tvc: bool| {
@@ -961,7 +980,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             "draft_weight_bytes": drafts_w,
             "weights_peak_bytes": weights_peak,
             "weights_peak_without_tvc_bytes": peak_without_tvc,
-            "weights_within_budget_plus_staging_10pct": bound.map(|b| peak_without_tvc as f64 <= 1.1 * b as f64),
+            "weights_within_budget_plus_staging_10pct": bound.map(|b| weights_peak as f64 <= 1.1 * b as f64),
             "peak_rss_bytes": runs[runs_before..].iter().filter_map(|r| r.peak_rss_bytes).max(),
         }));
     }
@@ -1103,6 +1122,15 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         ));
     }
     md.push('\n');
+    for r in runs.iter().filter(|r| r.tvc_gated.is_some()) {
+        md.push_str(&format!(
+            "\nTVC pre-verified nothing in {} ({}, {}): {} (`llada generate --tvc-shared` runs it anyway).\n",
+            r.config,
+            r.draft,
+            r.budget,
+            r.tvc_gated.as_deref().unwrap_or("")
+        ));
+    }
     md.push_str(&format!(
         "\nTarget {}, {threads} threads, draft models requantized to {} at load{}.\n",
         path.display(),

@@ -139,6 +139,7 @@ fn bad_input_is_a_clear_error() {
             "neither a file",
         ),
         (&["generate", "hi", "--quantize", "q3_z"], "--quantize"),
+        (&["generate", "hi", "--tvc-shared"], "--tvc"),
         (&["info", "/etc/hostname"], "not a GGUF file"),
         (
             &[
@@ -471,6 +472,18 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
         "self:{}",
         root.join("models/smollm2-selfdraft.safetensors").display()
     );
+    // The AHASD pipeline, asynchronous with both gates, under a budget: TVC stays off (the
+    // target streams), or runs anyway with --tvc-shared.
+    let ahasd = vec![
+        "--draft",
+        draft.to_str().unwrap(),
+        "--ahasd",
+        "async",
+        "--edc",
+        "--tvc",
+        "--mem-budget",
+        "50%",
+    ];
     for extra in [
         vec!["--draft", draft.to_str().unwrap(), "--early-exit"],
         vec![
@@ -482,22 +495,21 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
             "25%",
         ],
         vec!["--draft", head.as_str(), "--tree", "topk"],
-        // The AHASD pipeline, asynchronous with both gates, under a budget.
-        vec![
-            "--draft",
-            draft.to_str().unwrap(),
-            "--ahasd",
-            "async",
-            "--edc",
-            "--tvc",
-            "--mem-budget",
-            "50%",
-        ],
+        ahasd.clone(),
+        [ahasd.as_slice(), &["--tvc-shared"]].concat(),
     ] {
         let mut args = vec!["--mode", "speculative"];
         args.extend(extra.iter().copied());
         let j = greedy(&args);
         assert_eq!(j["tokens"], base["tokens"], "{extra:?}");
+        if extra.contains(&"--tvc") {
+            let gated = j["tvc_gated"].as_str();
+            if extra.contains(&"--tvc-shared") {
+                assert!(gated.is_none(), "{j}");
+            } else {
+                assert!(gated.is_some_and(|w| w.contains("streams")), "{j}");
+            }
+        }
     }
     // Bad budgets are clear errors.
     let out = llada()

@@ -323,6 +323,8 @@ fn async_pipeline_is_lossless() {
                         max_verify: 8,
                         edc,
                         tvc,
+                        // Pre-verify even where the lanes share cores (the CI machine).
+                        tvc_on_shared: tvc,
                         synchronous,
                         stop_ids: vec![],
                     },

@@ -69,6 +69,9 @@ pub struct SpecOutput {
     /// The cost model at the end of the run: the last refit from this run's measured passes,
     /// or [`SpecConfig::fixed_cost`] unchanged.
     pub cost: CostModel,
+    /// AHASD with TVC: why TVC pre-verified nothing in this run, if it was gated off
+    /// (`ahasd::tvc_gate`).
+    pub tvc_gated: Option<String>,
 }
 
 impl SpecOutput {
