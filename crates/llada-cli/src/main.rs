@@ -384,7 +384,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                     "draft": a.spec.draft, "tree": a.spec.tree, "ahasd": a.spec.ahasd, "text": text, "tokens": out.tokens,
                     "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(),
                     "verify_passes": out.verify_passes, "mean_accepted": out.mean_accepted(),
-                    "tree_nodes": out.tree_nodes, "tvc_gated": out.tvc_gated,
+                    "tree_nodes": out.tree_nodes, "tvc_gated": out.tvc_gated, "preverified": out.preverified,
                     "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s,
                         "draft_s": out.draft_s, "verify_s": out.verify_s},
                     "memory": memory_report(&model, rss_before_load).0})

@@ -65,8 +65,9 @@ pub struct SpecArgs {
     pub edc: bool,
     /// AHASD: time-aware pre-verification (the draft lane verifies pending drafts with the
     /// target while it would idle). It runs only where the draft lane has idle hardware of its
-    /// own: not when the target streams its weights (`--mem-budget` below its size) or when
-    /// the lanes' threads outnumber the cores; the run then says why TVC stayed off.
+    /// own: a resident target (no `--mem-budget` below its size) and a core the verifier does
+    /// not use (`--threads` at most the cores − 1: the verifier takes every core by default);
+    /// otherwise the run says why TVC stayed off. Asynchronous runs only.
     #[arg(long)]
     pub tvc: bool,
     /// AHASD: run TVC's pre-verification even where it competes with the verifier for the
@@ -337,6 +338,7 @@ pub fn run_generate(
             prefill_s: o.prefill_s,
             total_s: o.total_s,
             tvc_gated: o.tvc_gated,
+            preverified: o.preverified,
             ..Default::default()
         });
     }
@@ -431,7 +433,6 @@ struct SpecRun {
     preverified: usize,
     tvc_skips: usize,
     /// TVC: why it stayed off in this configuration's runs (`ahasd::tvc_gate`), if it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
     tvc_gated: Option<String>,
 }
 
@@ -1053,7 +1054,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&a.out_dir)?;
     let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | weights peak MB | accepted / pass | tree nodes / pass | verify passes | compute saved | draft / verify lane busy | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut csv = String::from(
-        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,weights_peak_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,draft_util,verify_util,identical,prompts\n",
+        "config,draft,budget,tokens_per_s,bytes_per_token,peak_rss_bytes,weights_peak_bytes,accepted_len,tree_nodes_per_pass,verify_passes,compute_saved,draft_util,verify_util,identical,prompts,tvc_gated\n",
     );
     for r in &runs {
         md.push_str(&format!(
@@ -1076,7 +1077,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.prompts
         ));
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.config,
             r.draft,
             r.budget,
@@ -1091,23 +1092,26 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             r.draft_util,
             r.verify_util,
             r.identical,
-            r.prompts
+            r.prompts,
+            // Quoted: the reason holds commas.
+            r.tvc_gated
+                .as_deref()
+                .map_or(String::new(), |w| format!("\"{}\"", w.replace('"', "'")))
         ));
     }
-    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB (without TVC) | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
+    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
     let mb = |v: &serde_json::Value| {
         v.as_u64()
             .map_or("–".into(), |b| format!("{:.1}", b as f64 / 1e6))
     };
     for m in &memory {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} ({}) | {} ({}) |\n",
+            "| {} | {} | {} | {} | {} | {} ({}) |\n",
             m["budget"].as_str().unwrap_or("?"),
             mb(&m["budget_bytes"]),
             mb(&m["resident_weight_bytes"]),
             mb(&m["staging_bytes"]),
             mb(&m["weights_peak_bytes"]),
-            mb(&m["weights_peak_without_tvc_bytes"]),
             mb(&m["peak_rss_bytes"]),
             mb(&m["rss_before_load_bytes"]),
         ));

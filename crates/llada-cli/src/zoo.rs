@@ -2130,6 +2130,11 @@ fn eval_prose(a: &EvalArgs, m: &Model, lane: &Lane) -> Result<()> {
 }
 
 pub fn eval(a: EvalArgs) -> Result<()> {
+    if a.per_task == 0 || a.windows == 0 {
+        bail!(
+            "--per-task and --windows must be at least 1 (an evaluation of nothing scores nothing)"
+        );
+    }
     let threads = crate::threads_or_all(a.threads);
     if let (Some(t), Some("safetensors")) =
         (&a.target, a.model.extension().and_then(|e| e.to_str()))

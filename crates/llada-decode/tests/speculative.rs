@@ -323,7 +323,7 @@ fn async_pipeline_is_lossless() {
                         max_verify: 8,
                         edc,
                         tvc,
-                        // Pre-verify even where the lanes share cores (the CI machine).
+                        // Pre-verify whatever the machine (1 + 1 threads fit 2 cores, not 1).
                         tvc_on_shared: tvc,
                         synchronous,
                         stop_ids: vec![],
@@ -355,6 +355,42 @@ fn async_pipeline_is_lossless() {
         async_accepted * 10 >= async_tokens,
         "{async_accepted} of {async_tokens} async tokens came from accepted drafts"
     );
+    // TVC without --tvc-shared where the verify lane takes every core (`llada generate`'s
+    // default): gated off, nothing pre-verified, the reason reported, the output unchanged;
+    // and never in lock-step, forced or not.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wide = Lane::new("verify-all", cores).unwrap();
+    let prompt: Vec<u32> = (0..6).map(|i| 3 + i * 7).collect();
+    let reference = greedy(&target, &wide, &prompt, 16);
+    for (synchronous, forced, why) in [
+        (false, false, "shares the verifier's cores"),
+        (true, false, "lock-step"),
+        (true, true, "lock-step"),
+    ] {
+        let mut d = ModelDrafter::new(&other, &draft, 0.0);
+        let out = ahasd_generate(
+            &target,
+            &wide,
+            &draft,
+            &mut d,
+            &prompt,
+            &AsyncConfig {
+                max_tokens: 16,
+                batch: 3,
+                max_verify: 8,
+                edc: true,
+                tvc: true,
+                tvc_on_shared: forced,
+                synchronous,
+                stop_ids: vec![],
+            },
+        )
+        .unwrap();
+        assert_eq!(out.tokens, reference.tokens);
+        assert_eq!(out.preverified, 0);
+        let gated = out.tvc_gated.unwrap_or_default();
+        assert!(gated.contains(why), "{gated}");
+    }
 }
 
 /// An early-exit probe of fixed weights (lens score only) and a chosen threshold.

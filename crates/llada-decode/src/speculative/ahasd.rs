@@ -203,8 +203,9 @@ pub fn tvc_gate(
         );
     }
     if verify_threads + draft_threads > cores {
+        let spare = cores.saturating_sub(draft_threads).max(1);
         return Some(format!(
-            "the draft lane shares the verifier's cores ({verify_threads} + {draft_threads} threads on {cores} cores)"
+            "the draft lane shares the verifier's cores ({verify_threads} + {draft_threads} threads on {cores} cores; --threads {spare} leaves it one)"
         ));
     }
     None
@@ -400,16 +401,21 @@ pub fn generate(
         )));
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let gated = (cfg.tvc && !cfg.tvc_on_shared)
-        .then(|| {
-            tvc_gate(
-                target.store.is_some(),
-                verify_lane.threads(),
-                draft_lane.threads(),
-                cores,
-            )
-        })
-        .flatten();
+    let gated = if !cfg.tvc {
+        None
+    } else if cfg.synchronous {
+        // Lock-step drafts only between verifications: the draft lane never waits on one.
+        Some("lock-step (--ahasd sync): the drafter never runs beside the verifier, so it has no idle time to fill".into())
+    } else if cfg.tvc_on_shared {
+        None
+    } else {
+        tvc_gate(
+            target.store.is_some(),
+            verify_lane.threads(),
+            draft_lane.threads(),
+            cores,
+        )
+    };
     let tvc = cfg.tvc && gated.is_none();
     let t0 = Instant::now();
     let mut cache = target.new_cache();
@@ -843,6 +849,9 @@ mod tests {
         // The lanes outnumber the cores: the draft lane's idle time is the verifier's.
         let why = tvc_gate(false, 2, 1, 2).unwrap();
         assert!(why.contains("2 + 1 threads on 2 cores"), "{why}");
+        assert!(why.contains("--threads 1 leaves it one"), "{why}");
+        let why = tvc_gate(false, 8, 1, 8).unwrap();
+        assert!(why.contains("--threads 7"), "{why}");
         // A streamed target: a pre-verification re-reads the weights, whatever the cores.
         for cores in [2, 64] {
             let why = tvc_gate(true, 1, 1, cores).unwrap();

@@ -72,6 +72,8 @@ pub struct SpecOutput {
     /// AHASD with TVC: why TVC pre-verified nothing in this run, if it was gated off
     /// (`ahasd::tvc_gate`).
     pub tvc_gated: Option<String>,
+    /// AHASD with TVC: drafts pre-verified on the draft lane.
+    pub preverified: usize,
 }
 
 impl SpecOutput {
