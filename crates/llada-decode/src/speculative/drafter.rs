@@ -308,6 +308,21 @@ pub(crate) fn proposal(
     if temperature > 0.0 {
         logits.iter_mut().for_each(|v| *v /= temperature);
     }
+    if ids.is_none() {
+        // An id whose logit lies more than 110 below the largest gets probability exactly 0
+        // (`exp` underflows in f32), so leaving it out changes no probability, no sum and no
+        // ranking. A reduced-vocabulary draft scores every id outside its 8 193 rows −10³⁰:
+        // normalising and ranking all 49 152 cost more than the draft's forward (0.66 against
+        // 0.42–1.2 ms per proposal, stop 53), now ≈ a sixth of that.
+        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let live: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| logits[i as usize] - mx >= -110.0)
+            .collect();
+        if live.len() < logits.len() && live.len() >= k.max(1) {
+            let kept = live.iter().map(|&i| logits[i as usize]).collect();
+            return proposal(kept, Some(&live), vocab, k, 0.0);
+        }
+    }
     softmax(&mut logits);
     let p = logits;
     let rank = |a: &usize, b: &usize| p[*b].total_cmp(&p[*a]).then(a.cmp(b));
@@ -444,6 +459,38 @@ mod tests {
         // Only a 1-token match ("… 3" once before): the inner proposal alone.
         let p = h.propose(&[3, 4, 1, 3], &t, None, 3).unwrap();
         assert_eq!(p.top, vec![(9, 0.5)]);
+    }
+
+    /// Leaving out the ids a reduced vocabulary scores −10³⁰ changes nothing: the same top-k,
+    /// bit for bit, and the same full distribution, as normalising every id.
+    #[test]
+    fn proposals_skip_ids_of_probability_zero() {
+        let vocab = 5000;
+        let mut logits = vec![-1e30f32; vocab];
+        for i in (0..vocab).step_by(7) {
+            logits[i] = ((i * 37) % 101) as f32 / 10.0 - 5.0;
+        }
+        logits[700] = logits[7]; // a tie: the lower id ranks first
+        for (k, temperature) in [(1, 0.0), (8, 0.0), (8, 0.7)] {
+            let got = proposal(logits.clone(), None, vocab, k, temperature);
+            let mut p = logits.clone();
+            if temperature > 0.0 {
+                p.iter_mut().for_each(|v| *v /= temperature);
+            }
+            softmax(&mut p);
+            let mut idx: Vec<usize> = (0..vocab).collect();
+            idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]).then(a.cmp(b)));
+            let want: Vec<(u32, f32)> = idx[..k].iter().map(|&i| (i as u32, p[i])).collect();
+            assert_eq!(got.top, want, "k {k} T {temperature}");
+            let full = got.full.unwrap();
+            assert!(full.iter().zip(&p).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        // Fewer live ids than k: every id is ranked, as before.
+        let mut few = vec![-1e30f32; 50];
+        few[3] = 1.0;
+        let got = proposal(few, None, 50, 4, 0.0);
+        assert_eq!(got.top.len(), 4);
+        assert_eq!(got.top[0], (3, 1.0));
     }
 
     #[test]
