@@ -72,7 +72,8 @@ pub struct SpecArgs {
     pub tvc: bool,
     /// AHASD: run TVC's pre-verification even where it competes with the verifier for the
     /// cores or the streamed weights (BRIEF's rule as stated; measured 0.55x of lock-step at a
-    /// 25 % budget on 2 cores).
+    /// 25 % budget on 2 cores). Asynchronous runs only: lock-step has nothing to pre-verify
+    /// beside the verifier.
     #[arg(long, requires = "tvc")]
     pub tvc_shared: bool,
     /// AHASD: tokens per draft batch.

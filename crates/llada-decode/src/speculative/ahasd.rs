@@ -203,9 +203,12 @@ pub fn tvc_gate(
         );
     }
     if verify_threads + draft_threads > cores {
-        let spare = cores.saturating_sub(draft_threads).max(1);
+        let hint = match cores.checked_sub(draft_threads) {
+            Some(spare) if spare > 0 => format!("--threads {spare} leaves it one"),
+            _ => "no core is left for it".into(),
+        };
         return Some(format!(
-            "the draft lane shares the verifier's cores ({verify_threads} + {draft_threads} threads on {cores} cores; --threads {spare} leaves it one)"
+            "the draft lane shares the verifier's cores ({verify_threads} + {draft_threads} threads on {cores} cores; {hint})"
         ));
     }
     None
@@ -852,6 +855,8 @@ mod tests {
         assert!(why.contains("--threads 1 leaves it one"), "{why}");
         let why = tvc_gate(false, 8, 1, 8).unwrap();
         assert!(why.contains("--threads 7"), "{why}");
+        let why = tvc_gate(false, 1, 1, 1).unwrap();
+        assert!(why.contains("no core is left"), "{why}");
         // A streamed target: a pre-verification re-reads the weights, whatever the cores.
         for cores in [2, 64] {
             let why = tvc_gate(true, 1, 1, cores).unwrap();
