@@ -274,6 +274,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let j = serde_json::json!({
             "model": path.display().to_string(),
             "threads": threads,
+            "kernel_isa": llada_kernels::qmatmul::isa().name(),
             "prefill_tokens": prompt.len(),
             "prefill_tok_s": prefill_tok_s,
             "decode_tokens": decode_cfg.max_tokens,
@@ -289,6 +290,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     println!("model            {}", path.display());
     println!("threads          {threads}");
+    println!(
+        "kernels          {} (LLADA_KERNEL_ISA=avx2|portable selects a lesser one)",
+        llada_kernels::qmatmul::isa()
+    );
     println!("memory bandwidth {bw:.1} GB/s (measured now)");
     println!("weights/token    {:.1} MiB", bpt as f64 / (1 << 20) as f64);
     println!(
