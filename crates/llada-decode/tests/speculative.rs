@@ -355,6 +355,49 @@ fn async_pipeline_is_lossless() {
         async_accepted * 10 >= async_tokens,
         "{async_accepted} of {async_tokens} async tokens came from accepted drafts"
     );
+    // The verifier's first pass waits for the drafter's first batch (the drafter reads the
+    // prompt first) instead of spending a target pass on one token: with a perfect drafter,
+    // batch + 1 tokens take exactly one pass, however long the drafter takes.
+    struct Slow<D>(D);
+    impl<D: Drafter> Drafter for Slow<D> {
+        fn name(&self) -> String {
+            self.0.name()
+        }
+        fn propose(
+            &mut self,
+            context: &[u32],
+            tree: &llada_decode::speculative::tree::DraftTree,
+            node: Option<usize>,
+            k: usize,
+        ) -> Result<llada_decode::speculative::drafter::Proposal, llada_model::ModelError> {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.0.propose(context, tree, node, k)
+        }
+    }
+    for seed in 0..3u32 {
+        let prompt: Vec<u32> = (0..5 + seed).map(|i| 3 + (i * 13 + seed) % 90).collect();
+        let mut d = Slow(ModelDrafter::new(&target, &draft, 0.0));
+        let out = ahasd_generate(
+            &target,
+            &verify,
+            &draft,
+            &mut d,
+            &prompt,
+            &AsyncConfig {
+                max_tokens: 4,
+                batch: 3,
+                max_verify: 8,
+                edc: false,
+                tvc: false,
+                tvc_on_shared: false,
+                synchronous: false,
+                stop_ids: vec![],
+            },
+        )
+        .unwrap();
+        assert_eq!(out.tokens, greedy(&target, &verify, &prompt, 4).tokens);
+        assert_eq!((out.verify_passes, out.accepted), (1, 3), "{out:?}");
+    }
     // TVC without --tvc-shared where the verify lane takes every core (`llada generate`'s
     // default): gated off, nothing pre-verified, the reason reported, the output unchanged;
     // and never in lock-step, forced or not.

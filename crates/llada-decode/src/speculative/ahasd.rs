@@ -462,7 +462,7 @@ pub fn generate(
     let draft_step = |drafter: &mut dyn Drafter,
                       target_snapshot: Option<&KvCache>|
      -> Result<bool, ModelError> {
-        let (ctx, epoch, gate_ok, full) = {
+        let (ctx, committed_len, epoch, gate_ok, full) = {
             let s = lock()?;
             if s.done {
                 return Ok(false);
@@ -478,14 +478,26 @@ pub fn generate(
             // always discarded, and on shared cores the drafting thread slows the verifier.
             let depth =
                 (cfg.batch + (2.0 * s.accepted_per_pass).ceil() as usize).min(MAX_UNVERIFIED);
-            (ctx, s.epoch, gate_ok, s.pending.len() + cfg.batch > depth)
+            (
+                ctx,
+                s.committed.len(),
+                s.epoch,
+                gate_ok,
+                s.pending.len() + cfg.batch > depth,
+            )
         };
         if gate_ok && !full {
             let t = Instant::now();
-            let (toks, h) = draft_batch(drafter, &ctx, cfg.batch)?;
+            // A batch drafted ahead of pending drafts is one token longer: when the verifier
+            // accepts everything pending, its own next token takes the batch's first position
+            // (and is dropped from the queue if the batch agrees), and a full batch is left.
+            let ahead = usize::from(ctx.len() > committed_len);
+            let (toks, h) = draft_batch(drafter, &ctx, cfg.batch + ahead)?;
             let mut s = lock()?;
             s.out.draft_busy_s += t.elapsed().as_secs_f64();
             s.draft_batch_s = ema(s.draft_batch_s, t.elapsed().as_secs_f64());
+            // Wake a verifier waiting for the first attempt, even one that queues nothing.
+            cv.notify_all();
             // The verifier may have committed tokens meanwhile: keep the part of the batch
             // that still extends committed + pending (none after a cancellation).
             let toks = if s.epoch == epoch {
@@ -695,7 +707,7 @@ pub fn generate(
                 }
             });
             let r = (|| -> Result<(), ModelError> {
-                while verify_step(&mut cache)? {
+                loop {
                     // Nothing to verify: wait for the drafter's next batch when it pays. A
                     // pass without drafts emits 1 token in T_v; waiting w for a batch emits
                     // 1 + a in T_v + w, better iff a · T_v > w (a: drafts accepted per pass,
@@ -704,7 +716,18 @@ pub fn generate(
                     // pipeline degenerates to target-only decoding.
                     let mut s = lock()?;
                     let w = s.draft_batch_s;
-                    if s.pending.is_empty()
+                    if w == 0.0 {
+                        // No batch drafted yet (the drafter is reading the prompt): the first
+                        // pass waits for it, as a lock-step round would, rather than spend a
+                        // whole target pass on one token. Any finished attempt, even an
+                        // empty one, ends the wait.
+                        while s.draft_batch_s == 0.0 && s.pending.is_empty() && !s.done {
+                            s = cv
+                                .wait_timeout(s, Duration::from_millis(50))
+                                .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
+                                .0;
+                        }
+                    } else if s.pending.is_empty()
                         && !s.done
                         && w > 0.0
                         && s.accepted_per_pass * s.verify_pass_s > w
@@ -721,7 +744,14 @@ pub fn generate(
                                 .0;
                         }
                     } else if s.pending.is_empty() && !s.done {
-                        let _ = cv.wait_timeout(s, Duration::from_millis(1));
+                        s = cv
+                            .wait_timeout(s, Duration::from_millis(1))
+                            .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
+                            .0;
+                    }
+                    drop(s);
+                    if !verify_step(&mut cache)? {
+                        break;
                     }
                 }
                 Ok(())
