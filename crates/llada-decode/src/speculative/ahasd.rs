@@ -462,7 +462,7 @@ pub fn generate(
     let draft_step = |drafter: &mut dyn Drafter,
                       target_snapshot: Option<&KvCache>|
      -> Result<bool, ModelError> {
-        let (ctx, committed_len, epoch, gate_ok, full) = {
+        let (ctx, ahead, epoch, gate_ok, full) = {
             let s = lock()?;
             if s.done {
                 return Ok(false);
@@ -478,9 +478,12 @@ pub fn generate(
             // always discarded, and on shared cores the drafting thread slows the verifier.
             let depth =
                 (cfg.batch + (2.0 * s.accepted_per_pass).ceil() as usize).min(MAX_UNVERIFIED);
+            // Drafting past something the verifier will commit first: pending drafts, or the
+            // one token of a pass running without drafts.
+            let ahead = !s.pending.is_empty() || s.verify_started.is_some();
             (
                 ctx,
-                s.committed.len(),
+                ahead,
                 s.epoch,
                 gate_ok,
                 s.pending.len() + cfg.batch > depth,
@@ -488,11 +491,11 @@ pub fn generate(
         };
         if gate_ok && !full {
             let t = Instant::now();
-            // A batch drafted ahead of pending drafts is one token longer: when the verifier
-            // accepts everything pending, its own next token takes the batch's first position
-            // (and is dropped from the queue if the batch agrees), and a full batch is left.
-            let ahead = usize::from(ctx.len() > committed_len);
-            let (toks, h) = draft_batch(drafter, &ctx, cfg.batch + ahead)?;
+            // A batch drafted ahead of the verifier is one token longer: when the verifier
+            // accepts everything pending (or had nothing to verify), its own next token takes
+            // the batch's first position (dropped from the batch if the batch agrees), and a
+            // full batch is left.
+            let (toks, h) = draft_batch(drafter, &ctx, cfg.batch + usize::from(ahead))?;
             let mut s = lock()?;
             s.out.draft_busy_s += t.elapsed().as_secs_f64();
             s.draft_batch_s = ema(s.draft_batch_s, t.elapsed().as_secs_f64());
