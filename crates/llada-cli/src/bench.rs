@@ -291,8 +291,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("model            {}", path.display());
     println!("threads          {threads}");
     println!(
-        "kernels          {} (LLADA_KERNEL_ISA=avx2|portable selects a lesser one)",
-        llada_kernels::qmatmul::isa()
+        "kernels          {} (LLADA_KERNEL_ISA=avx512-vnni|avx2|portable chooses; this CPU's best: {})",
+        llada_kernels::qmatmul::isa(),
+        llada_kernels::qmatmul::best_isa()
     );
     println!("memory bandwidth {bw:.1} GB/s (measured now)");
     println!("weights/token    {:.1} MiB", bpt as f64 / (1 << 20) as f64);

@@ -967,8 +967,15 @@ pub fn best_isa() -> Isa {
     Isa::Portable
 }
 
-/// The instruction set the kernels use: the best this CPU offers, or a lesser one where the
-/// environment variable `LLADA_KERNEL_ISA` (`avx2`, `portable`) or [`set_isa`] asks for it.
+/// The instruction set the kernels use: AVX2 where the CPU has it (else portable), unless the
+/// environment variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `portable`) or [`set_isa`]
+/// asks for another; a request the CPU cannot serve falls back to the best it has.
+///
+/// AVX-512 VNNI is opt-in: on batched passes it is faster (prefill ≈ 1.17x, Q8_0 at M ≥ 8
+/// 1.4–2.0x), but on one-row decoding of SmolLM2's shapes it is slower (the 49 152 × 576 Q8_0
+/// head 1.0–1.25 ms against 0.54–0.86 with AVX2, docs/kernels.md), and a process must use one
+/// path for every pass: a tree verification has to reproduce one-row decoding bit for bit, and
+/// the two paths round differently.
 pub fn isa() -> Isa {
     use std::sync::atomic::Ordering;
     match ISA.load(Ordering::Relaxed) {
@@ -976,9 +983,9 @@ pub fn isa() -> Isa {
         2 => Isa::Avx2,
         3 => Isa::Portable,
         _ => set_isa(match std::env::var("LLADA_KERNEL_ISA").as_deref() {
-            Ok("avx2") => Isa::Avx2,
+            Ok("avx512-vnni") | Ok("avx512") => Isa::Avx512Vnni,
             Ok("portable") => Isa::Portable,
-            _ => Isa::Avx512Vnni,
+            _ => Isa::Avx2,
         }),
     }
 }
@@ -1508,7 +1515,8 @@ mod simd512 {
                 }
                 // An odd last block loads only its own 32 bytes (the masked bytes read as 0
                 // and are never touched in memory); its partner's scale is padding, 0.
-                let mask: __mmask64 = if b + 1 < w.nb { !0 } else { 0xFFFF_FFFF };
+                let two = b + 1 < w.nb;
+                let mask: __mmask64 = if two { !0 } else { 0xFFFF_FFFF };
                 let (a0, a1) = (2 * p as i32, 2 * p as i32 + 1);
                 let idx = _mm512_setr_epi32(
                     a0, a0, a0, a0, a0, a0, a0, a0, a1, a1, a1, a1, a1, a1, a1, a1,
@@ -1516,15 +1524,21 @@ mod simd512 {
                 let mut xv = [_mm512_setzero_si512(); MR];
                 let mut sx = [_mm512_setzero_ps(); MR];
                 for c in 0..MR {
-                    xv[c] = _mm512_maskz_loadu_epi8(
-                        mask,
-                        x.qs.as_ptr().add((i + c) * x.qstride + b * 32),
-                    );
+                    let xp = x.qs.as_ptr().add((i + c) * x.qstride + b * 32);
+                    xv[c] = if two {
+                        _mm512_loadu_si512(xp as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi8(mask, xp)
+                    };
                     sx[c] = _mm512_permutexvar_ps(idx, dx[c]);
                 }
                 for r in 0..NR {
-                    let wq =
-                        _mm512_maskz_loadu_epi8(mask, base.add(r * w.stride + b * 32) as *const i8);
+                    let wp = base.add(r * w.stride + b * 32);
+                    let wq = if two {
+                        _mm512_loadu_si512(wp as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi8(mask, wp as *const i8)
+                    };
                     let wu = _mm512_xor_si512(wq, flip);
                     let sw = _mm512_permutexvar_ps(idx, dv[r]);
                     for c in 0..MR {
