@@ -398,6 +398,46 @@ fn async_pipeline_is_lossless() {
         assert_eq!(out.tokens, greedy(&target, &verify, &prompt, 4).tokens);
         assert_eq!((out.verify_passes, out.accepted), (1, 3), "{out:?}");
     }
+    // A drafter that fails before its first batch: the verifier is not left waiting for it,
+    // and the drafter's error comes back. A batch longer than the unverified-draft queue is
+    // refused up front (the drafter could never queue it).
+    struct Failing;
+    impl Drafter for Failing {
+        fn name(&self) -> String {
+            "failing".into()
+        }
+        fn propose(
+            &mut self,
+            _: &[u32],
+            _: &llada_decode::speculative::tree::DraftTree,
+            _: Option<usize>,
+            _: usize,
+        ) -> Result<llada_decode::speculative::drafter::Proposal, llada_model::ModelError> {
+            Err(llada_model::ModelError::Other("the drafter broke".into()))
+        }
+    }
+    let prompt: Vec<u32> = (0..6).map(|i| 3 + i * 5).collect();
+    for (batch, want) in [(3, "the drafter broke"), (65, "exceeds the queue")] {
+        let err = ahasd_generate(
+            &target,
+            &verify,
+            &draft,
+            &mut Failing,
+            &prompt,
+            &AsyncConfig {
+                max_tokens: 8,
+                batch,
+                max_verify: 8,
+                edc: false,
+                tvc: false,
+                tvc_on_shared: false,
+                synchronous: false,
+                stop_ids: vec![],
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(want), "{err}");
+    }
     // TVC without --tvc-shared where the verify lane takes every core (`llada generate`'s
     // default): gated off, nothing pre-verified, the reason reported, the output unchanged;
     // and never in lock-step, forced or not.

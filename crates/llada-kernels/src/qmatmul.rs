@@ -985,13 +985,22 @@ pub fn isa() -> Isa {
         _ => set_isa(match std::env::var("LLADA_KERNEL_ISA").as_deref() {
             Ok("avx512-vnni") | Ok("avx512") => Isa::Avx512Vnni,
             Ok("portable") => Isa::Portable,
-            _ => Isa::Avx2,
+            Ok("avx2") | Ok("") | Err(_) => Isa::Avx2,
+            Ok(other) => {
+                eprintln!(
+                    "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2 or portable; \
+                     using avx2"
+                );
+                Isa::Avx2
+            }
         }),
     }
 }
 
 /// Run the kernels on `wanted`, or on the best this CPU offers where it lacks `wanted`; returns
-/// the one chosen. Process-wide: benchmarks and tests compare the paths on the same data.
+/// the one chosen. Process-wide, and meant to be called before any matmul: passes computed on
+/// two paths round differently, and a tree verification must reproduce one-row decoding bit
+/// for bit (benchmarks switch between whole runs).
 pub fn set_isa(wanted: Isa) -> Isa {
     let chosen = wanted.max(best_isa());
     ISA.store(chosen.code(), std::sync::atomic::Ordering::Relaxed);
@@ -1725,18 +1734,33 @@ mod tests {
                 eprintln!("{ty}: this CPU lacks {isa}; its kernel is not checked here");
                 continue;
             }
-            let mut simd = vec![0f32; m * n];
-            // A few columns at a time, as the threads split them, so column ranges that start
-            // mid-matrix and end in partial tiles are covered.
-            for n0 in (0..n).step_by(7) {
-                let ptr = SendPtr(simd.as_mut_ptr());
-                unsafe { q.range_on(isa, &acts, n0, (n0 + 7).min(n), ptr) };
-            }
-            for (a, b) in port.iter().zip(&simd) {
-                assert!(
-                    (a - b).abs() <= 1e-3 * (1.0 + a.abs()),
-                    "{ty} m={m} n={n} k={k}: portable {a} vs {isa} {b}"
-                );
+            // Columns split as the threads split them: ranges that start mid-matrix and end in
+            // partial tiles (7), and ranges longer than a row block (45).
+            for chunk in [7, 45] {
+                let mut simd = vec![0f32; m * n];
+                for n0 in (0..n).step_by(chunk) {
+                    let ptr = SendPtr(simd.as_mut_ptr());
+                    unsafe { q.range_on(isa, &acts, n0, (n0 + chunk).min(n), ptr) };
+                }
+                for (a, b) in port.iter().zip(&simd) {
+                    assert!(
+                        (a - b).abs() <= 1e-3 * (1.0 + a.abs()),
+                        "{ty} m={m} n={n} k={k}: portable {a} vs {isa} {b}"
+                    );
+                }
+                // Batch invariance: each activation row alone gives its row of the batch bit
+                // for bit (speculative verification reproduces one-row decoding).
+                for i in 0..m {
+                    let one = QuantizedActs::quantize(&x[i * k..(i + 1) * k], 1, k, q.act_layout());
+                    let mut row = vec![0f32; n];
+                    unsafe { q.range_on(isa, &one, 0, n, SendPtr(row.as_mut_ptr())) };
+                    assert!(
+                        row.iter()
+                            .zip(&simd[i * n..(i + 1) * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty} m={m} n={n} k={k} {isa}: row {i} alone differs from the batch"
+                    );
+                }
             }
         }
     }
@@ -1747,6 +1771,7 @@ mod tests {
             // k = 32·odd exercises the zero-padded last pair and partial scale groups.
             for (m, n, k) in [
                 (1, 3, 96),
+                (2, 70, 192),
                 (3, 17, 576),
                 (4, 8, 512),
                 (9, 33, 160),

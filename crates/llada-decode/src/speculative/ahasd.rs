@@ -274,6 +274,9 @@ struct Shared {
     draft_batch_s: f64,
     verify_pass_s: f64,
     accepted_per_pass: f64,
+    /// The drafter finished an attempt (even an empty one), or its thread stopped: what the
+    /// verifier's first pass waits for.
+    drafter_started: bool,
     out: AsyncOutput,
 }
 
@@ -396,6 +399,12 @@ pub fn generate(
             "empty prompt, or zero batch / verify length".into(),
         ));
     }
+    if cfg.batch > MAX_UNVERIFIED {
+        return Err(ModelError::BadRequest(format!(
+            "a draft batch of {} tokens exceeds the queue of unverified drafts ({MAX_UNVERIFIED})",
+            cfg.batch
+        )));
+    }
     if drafter.wants_features() {
         // The draft lane drafts past unverified tokens, for which the target has no features.
         return Err(ModelError::BadRequest(format!(
@@ -446,6 +455,7 @@ pub fn generate(
         draft_batch_s: 0.0,
         verify_pass_s: 0.0,
         accepted_per_pass: 1.0,
+        drafter_started: false,
         out: AsyncOutput {
             tvc_gated: gated,
             ..Default::default()
@@ -479,14 +489,16 @@ pub fn generate(
             let depth =
                 (cfg.batch + (2.0 * s.accepted_per_pass).ceil() as usize).min(MAX_UNVERIFIED);
             // Drafting past something the verifier will commit first: pending drafts, or the
-            // one token of a pass running without drafts.
-            let ahead = !s.pending.is_empty() || s.verify_started.is_some();
+            // one token of a pass running without drafts (never in lock-step, whose rounds
+            // draft from the committed sequence).
+            let ahead = !cfg.synchronous && (!s.pending.is_empty() || s.verify_started.is_some());
+            let n = s.pending.len() + cfg.batch;
             (
                 ctx,
                 ahead,
                 s.epoch,
                 gate_ok,
-                s.pending.len() + cfg.batch > depth,
+                n > depth || n + usize::from(ahead) > MAX_UNVERIFIED,
             )
         };
         if gate_ok && !full {
@@ -500,6 +512,7 @@ pub fn generate(
             s.out.draft_busy_s += t.elapsed().as_secs_f64();
             s.draft_batch_s = ema(s.draft_batch_s, t.elapsed().as_secs_f64());
             // Wake a verifier waiting for the first attempt, even one that queues nothing.
+            s.drafter_started = true;
             cv.notify_all();
             // The verifier may have committed tokens meanwhile: keep the part of the batch
             // that still extends committed + pending (none after a cancellation).
@@ -702,6 +715,20 @@ pub fn generate(
         std::thread::scope(|sc| -> Result<(), ModelError> {
             let h = sc.spawn(|| -> Result<(), ModelError> {
                 llada_runtime::trace::set_thread_lane("draft");
+                // However the drafter's loop ends (done, an error, a panic), a verifier still
+                // waiting for its first attempt is released.
+                struct Release<'a>(&'a Mutex<Shared>, &'a Condvar);
+                impl Drop for Release<'_> {
+                    fn drop(&mut self) {
+                        let mut s = match self.0.lock() {
+                            Ok(s) => s,
+                            Err(poisoned) => poisoned.into_inner(),
+                        };
+                        s.drafter_started = true;
+                        self.1.notify_all();
+                    }
+                }
+                let _release = Release(&shared, &cv);
                 loop {
                     let snap = snapshot.lock().ok().and_then(|s| s.clone());
                     if !draft_step(drafter, snap.as_ref())? {
@@ -719,12 +746,14 @@ pub fn generate(
                     // pipeline degenerates to target-only decoding.
                     let mut s = lock()?;
                     let w = s.draft_batch_s;
-                    if w == 0.0 {
+                    if !s.drafter_started {
                         // No batch drafted yet (the drafter is reading the prompt): the first
                         // pass waits for it, as a lock-step round would, rather than spend a
                         // whole target pass on one token. Any finished attempt, even an
-                        // empty one, ends the wait.
-                        while s.draft_batch_s == 0.0 && s.pending.is_empty() && !s.done {
+                        // empty one, ends the wait, and so does the drafter's thread ending
+                        // (an error or a panic there: the verifier then decodes alone, and
+                        // the drafter's error is returned at the end).
+                        while !s.drafter_started && s.pending.is_empty() && !s.done {
                             s = cv
                                 .wait_timeout(s, Duration::from_millis(50))
                                 .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
