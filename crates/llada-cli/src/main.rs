@@ -94,6 +94,9 @@ enum Cmd {
         json: bool,
     },
     /// Measure prefill/decode speed, memory bandwidth and matmul throughput.
+    ///
+    /// Quantized matmuls run on AVX2 by default; `LLADA_KERNEL_ISA=avx512-vnni` (on CPUs that
+    /// have it) or `portable` selects another path for the whole process, e.g. to compare them.
     Bench(bench::BenchArgs),
     /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B) and random quantized
     /// weights, for speed measurements without a download.
