@@ -18,6 +18,20 @@ fn load(name: &str) -> Model {
 }
 
 /// Target-only greedy decoding (the reference every speculative run must equal).
+/// AHASD options of these tests: asynchronous, no gates, batches of 3, up to 8 verified.
+fn async_cfg(max_tokens: usize, batch: usize) -> llada_decode::speculative::ahasd::AsyncConfig {
+    llada_decode::speculative::ahasd::AsyncConfig {
+        max_tokens,
+        batch,
+        max_verify: 8,
+        edc: false,
+        tvc: false,
+        tvc_on_shared: false,
+        synchronous: false,
+        stop_ids: vec![],
+    }
+}
+
 fn greedy(target: &Model, lane: &Lane, prompt: &[u32], n: usize) -> llada_decode::GenerateOutput {
     generate(
         target,
@@ -318,15 +332,12 @@ fn async_pipeline_is_lossless() {
                     &mut d,
                     &prompt,
                     &AsyncConfig {
-                        max_tokens: 24,
-                        batch: 3,
-                        max_verify: 8,
                         edc,
                         tvc,
                         // Pre-verify whatever the machine (1 + 1 threads fit 2 cores, not 1).
                         tvc_on_shared: tvc,
                         synchronous,
-                        stop_ids: vec![],
+                        ..async_cfg(24, 3)
                     },
                 )
                 .unwrap();
@@ -377,24 +388,8 @@ fn async_pipeline_is_lossless() {
     for seed in 0..3u32 {
         let prompt: Vec<u32> = (0..5 + seed).map(|i| 3 + (i * 13 + seed) % 90).collect();
         let mut d = Slow(ModelDrafter::new(&target, &draft, 0.0));
-        let out = ahasd_generate(
-            &target,
-            &verify,
-            &draft,
-            &mut d,
-            &prompt,
-            &AsyncConfig {
-                max_tokens: 4,
-                batch: 3,
-                max_verify: 8,
-                edc: false,
-                tvc: false,
-                tvc_on_shared: false,
-                synchronous: false,
-                stop_ids: vec![],
-            },
-        )
-        .unwrap();
+        let out =
+            ahasd_generate(&target, &verify, &draft, &mut d, &prompt, &async_cfg(4, 3)).unwrap();
         assert_eq!(out.tokens, greedy(&target, &verify, &prompt, 4).tokens);
         assert_eq!((out.verify_passes, out.accepted), (1, 3), "{out:?}");
     }
@@ -424,16 +419,7 @@ fn async_pipeline_is_lossless() {
             &draft,
             &mut Failing,
             &prompt,
-            &AsyncConfig {
-                max_tokens: 8,
-                batch,
-                max_verify: 8,
-                edc: false,
-                tvc: false,
-                tvc_on_shared: false,
-                synchronous: false,
-                stop_ids: vec![],
-            },
+            &async_cfg(8, batch),
         )
         .unwrap_err();
         assert!(err.to_string().contains(want), "{err}");
@@ -458,14 +444,11 @@ fn async_pipeline_is_lossless() {
             &mut d,
             &prompt,
             &AsyncConfig {
-                max_tokens: 16,
-                batch: 3,
-                max_verify: 8,
                 edc: true,
                 tvc: true,
                 tvc_on_shared: forced,
                 synchronous,
-                stop_ids: vec![],
+                ..async_cfg(16, 3)
             },
         )
         .unwrap();

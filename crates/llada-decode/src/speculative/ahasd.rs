@@ -289,6 +289,18 @@ fn ema(old: f64, new: f64) -> f64 {
     }
 }
 
+/// Wait on `cv` for at most `d` (the verifier waiting for the drafter); a poisoned lock is an
+/// error.
+fn wait_on<'a>(
+    cv: &Condvar,
+    s: std::sync::MutexGuard<'a, Shared>,
+    d: Duration,
+) -> Result<std::sync::MutexGuard<'a, Shared>, ModelError> {
+    cv.wait_timeout(s, d)
+        .map(|(s, _)| s)
+        .map_err(|_| ModelError::Other("pipeline poisoned".into()))
+}
+
 /// Greedy target verification of `chain` after `ctx` (cache holds ctx[..len−1]); returns the
 /// number of chain tokens accepted and the target's next token.
 fn verify_chain(
@@ -736,6 +748,7 @@ pub fn generate(
                     }
                 }
             });
+            let wait = |s, d| wait_on(&cv, s, d);
             let r = (|| -> Result<(), ModelError> {
                 loop {
                     // Nothing to verify: wait for the drafter's next batch when it pays. A
@@ -754,10 +767,7 @@ pub fn generate(
                         // (an error or a panic there: the verifier then decodes alone, and
                         // the drafter's error is returned at the end).
                         while !s.drafter_started && s.pending.is_empty() && !s.done {
-                            s = cv
-                                .wait_timeout(s, Duration::from_millis(50))
-                                .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
-                                .0;
+                            s = wait(s, Duration::from_millis(50))?;
                         }
                     } else if s.pending.is_empty()
                         && !s.done
@@ -770,16 +780,10 @@ pub fn generate(
                             if left.is_zero() {
                                 break;
                             }
-                            s = cv
-                                .wait_timeout(s, left)
-                                .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
-                                .0;
+                            s = wait(s, left)?;
                         }
                     } else if s.pending.is_empty() && !s.done {
-                        s = cv
-                            .wait_timeout(s, Duration::from_millis(1))
-                            .map_err(|_| ModelError::Other("pipeline poisoned".into()))?
-                            .0;
+                        s = wait(s, Duration::from_millis(1))?;
                     }
                     drop(s);
                     if !verify_step(&mut cache)? {
