@@ -1488,6 +1488,9 @@ mod simd512 {
         }
     }
 
+    /// The lower 32 of a register's 64 bytes: one Q8_0 block.
+    const LOW32: __mmask64 = 0xFFFF_FFFF;
+
     /// 8-bit tile (Q8_0): two blocks per register, values read as `w + 128`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -1525,7 +1528,6 @@ mod simd512 {
                 // An odd last block loads only its own 32 bytes (the masked bytes read as 0
                 // and are never touched in memory); its partner's scale is padding, 0.
                 let two = b + 1 < w.nb;
-                let mask: __mmask64 = if two { !0 } else { 0xFFFF_FFFF };
                 let (a0, a1) = (2 * p as i32, 2 * p as i32 + 1);
                 let idx = _mm512_setr_epi32(
                     a0, a0, a0, a0, a0, a0, a0, a0, a1, a1, a1, a1, a1, a1, a1, a1,
@@ -1537,7 +1539,7 @@ mod simd512 {
                     xv[c] = if two {
                         _mm512_loadu_si512(xp as *const _)
                     } else {
-                        _mm512_maskz_loadu_epi8(mask, xp)
+                        _mm512_maskz_loadu_epi8(LOW32, xp)
                     };
                     sx[c] = _mm512_permutexvar_ps(idx, dx[c]);
                 }
@@ -1546,7 +1548,7 @@ mod simd512 {
                     let wq = if two {
                         _mm512_loadu_si512(wp as *const _)
                     } else {
-                        _mm512_maskz_loadu_epi8(mask, wp as *const i8)
+                        _mm512_maskz_loadu_epi8(LOW32, wp as *const i8)
                     };
                     let wu = _mm512_xor_si512(wq, flip);
                     let sw = _mm512_permutexvar_ps(idx, dv[r]);
