@@ -26,6 +26,29 @@ use std::path::PathBuf;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc (v3) option index of `mi_option_purge_delay` (`mimalloc.h`, `enum mi_option_e`);
+/// libmimalloc-sys names only the v2 indices.
+pub(crate) const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// [`Model::load`] with freed memory returned to the OS as it is freed. Loading builds and drops
+/// large transients (the tokenizer's JSON document and text, every streamed unit once for
+/// validation); mimalloc v3 keeps freed pages for a second by default, so they stacked under the
+/// weights and the load was the process's RSS peak (SmolLM2-135M at `--mem-budget 25%`: peak
+/// RSS 123–130 MB against ≈ 80 MB while decoding). Afterwards the previous delay comes back:
+/// decoding reuses its buffers, and purging at once slowed resident decoding by ≈ 10 %.
+pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<Model> {
+    // SAFETY: reads and sets process-wide allocator options and asks mimalloc to return freed
+    // pages; none of these touch live allocations.
+    let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+    let m = Model::load(path, opts).with_context(|| format!("loading {}", path.display()));
+    unsafe {
+        libmimalloc_sys::mi_collect(true);
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, before);
+    }
+    m
+}
+
 /// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1.
 pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
     threads.unwrap_or_else(|| {
@@ -222,8 +245,10 @@ pub(crate) fn parse_quant(flag: &str, s: Option<&str>) -> Result<Option<llada_ke
     }
 }
 
-fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
-    let path = models::resolve(&args.model, quiet)?;
+/// The load options `args` ask for (memory budget, storage emulation, quantization), checked.
+/// Every subcommand that loads a model through [`ModelArgs`] goes through here, so no mode
+/// silently ignores an option.
+pub(crate) fn load_options(args: &ModelArgs) -> Result<LoadOptions> {
     if let Some(bw) = args.storage_bw {
         if !(bw > 0.0 && bw.is_finite()) {
             bail!("--storage-bw must be a positive number of GB/s");
@@ -232,7 +257,7 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
             bail!("--storage-bw emulates the storage of streamed weights: it needs --mem-budget");
         }
     }
-    let opts = LoadOptions {
+    Ok(LoadOptions {
         quantize: parse_quant("--quantize", args.quantize.as_deref())?,
         no_tokenizer: false,
         dequantize: args.dequantize,
@@ -243,8 +268,13 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
             .transpose()
             .map_err(anyhow::Error::msg)?,
         storage_bw: args.storage_bw.map(|g| g * 1e9),
-    };
-    let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    })
+}
+
+fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
+    let path = models::resolve(&args.model, quiet)?;
+    let opts = load_options(args)?;
+    let model = load_model(&path, &opts)?;
     let threads = crate::threads_or_all(args.threads);
     if threads == 0 {
         bail!("--threads must be at least 1");
@@ -259,7 +289,7 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
 /// Memory and streaming figures of a run (a JSON object), and a one-line summary for stderr
 /// when weights were streamed. `rss_before_load` is the process's RSS just before the model
 /// was loaded.
-fn memory_report(
+pub(crate) fn memory_report(
     model: &Model,
     rss_before_load: Option<u64>,
 ) -> (serde_json::Value, Option<String>) {
@@ -344,8 +374,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
         zoo::generate_diffusion(
             &a.prompt,
-            &a.model.model,
-            a.model.threads,
+            &a.model,
             a.raw,
             a.json,
             &a.sampling,

@@ -185,7 +185,7 @@ impl DraftSource {
             )?)));
         }
         let path = crate::models::resolve(name, true)?;
-        let m = Model::load(
+        let m = crate::load_model(
             &path,
             &LoadOptions {
                 no_tokenizer: true,
@@ -696,7 +696,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         };
         let rss_before = llada_model::store::rss_bytes();
         reset_peak_rss();
-        let target = Model::load(
+        let target = crate::load_model(
             &path,
             &LoadOptions {
                 mem_budget,

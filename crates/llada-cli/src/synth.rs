@@ -1,6 +1,10 @@
-//! `llada synth`: a GGUF with the exact shapes of a real diffusion LM (LLaDA-8B, Dream-7B) and
-//! random quantized weights — no download. Its outputs are meaningless; its forward passes cost
-//! what the real model's cost, which is what the window sweep of `llada bench diffusion` needs.
+//! `llada synth`: a GGUF with the exact shapes of a real model (LLaDA-8B, Dream-7B, a
+//! LLaMA-3-8B-shaped autoregressive model) and random quantized weights — no download. Its
+//! outputs are meaningless; its forward passes cost what the real model's cost and it streams
+//! what the real model would stream under a memory budget, which is what the window sweep of
+//! `llada bench diffusion` and the multi-GB memory-budget check need. The file embeds a
+//! byte-level tokenizer (the 256 byte tokens, then placeholders up to the vocabulary size), so
+//! `llada generate` runs it on any text.
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -10,8 +14,10 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Shape to copy: llada-8b (d 4096, 32 layers, 32 heads, MLP 12288, vocab 126464) or
-    /// dream-7b (d 3584, 28 layers, 28 heads / 4 KV heads, MLP 18944, vocab 152064, q/k/v biases).
+    /// Shape to copy: llada-8b (d 4096, 32 layers, 32 heads, MLP 12288, vocab 126464),
+    /// dream-7b (d 3584, 28 layers, 28 heads / 4 KV heads, MLP 18944, vocab 152064, q/k/v biases)
+    /// or llama-8b (autoregressive; d 4096, 32 layers, 32 heads / 8 KV heads, MLP 14336, vocab
+    /// 128256: LLaMA-3-8B's shapes).
     #[arg(long, default_value = "llada-8b")]
     shape: String,
     /// Keep only the first N layers (same width, cheaper; e.g. for quick checks).
@@ -38,7 +44,7 @@ struct Shape {
     theta: f32,
     eps: f32,
     bias: bool,
-    mask: u32,
+    mask: Option<u32>,
     bos: u32,
     eos: u32,
 }
@@ -56,7 +62,7 @@ fn shape(name: &str) -> Result<Shape> {
             theta: 500000.0,
             eps: 1e-5,
             bias: false,
-            mask: 126336,
+            mask: Some(126336),
             bos: 126080,
             eos: 126081,
         },
@@ -71,12 +77,57 @@ fn shape(name: &str) -> Result<Shape> {
             theta: 1e6,
             eps: 1e-6,
             bias: true,
-            mask: 151666,
+            mask: Some(151666),
             bos: 151643,
             eos: 151643,
         },
-        other => bail!("unknown shape '{other}' (llada-8b, dream-7b)"),
+        "llama-8b" => Shape {
+            arch: "llama",
+            d: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            vocab: 128256,
+            theta: 500000.0,
+            eps: 1e-5,
+            bias: false,
+            mask: None,
+            bos: 128000,
+            eos: 128001,
+        },
+        other => bail!("unknown shape '{other}' (llada-8b, dream-7b, llama-8b)"),
     })
+}
+
+/// The synthetic tokenizer's vocabulary: ids 0..256 are GPT-2's byte-level characters (every
+/// text encodes, one token per byte; there are no merges), the rest placeholders `<|synth_N|>`;
+/// BOS, EOS and the mask token are control tokens (GGUF token type 3).
+fn byte_vocab(s: &Shape) -> (Vec<Value>, Vec<Value>) {
+    // GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the others to
+    // U+0100 onwards, in byte order.
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut next = 256u32;
+    let mut tokens: Vec<Value> = (0u32..256)
+        .map(|b| {
+            let c = if printable(b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            Value::String(char::from_u32(c).unwrap_or('?').to_string())
+        })
+        .collect();
+    tokens.extend((256..s.vocab).map(|i| Value::String(format!("<|synth_{i}|>"))));
+    let special = |i: usize| {
+        let i = i as u32;
+        i == s.bos || i == s.eos || Some(i) == s.mask
+    };
+    let types = (0..s.vocab)
+        .map(|i| Value::I32(if special(i) { 3 } else { 1 }))
+        .collect();
+    (tokens, types)
 }
 
 /// xorshift64*: fast, seeded, good enough for random weights.
@@ -177,9 +228,17 @@ pub fn run(a: SynthArgs) -> Result<()> {
         .kv(&k("context_length"), Value::U32(4096))
         .kv(&k("rope.freq_base"), Value::F32(s.theta))
         .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(s.eps))
-        .kv("tokenizer.ggml.mask_token_id", Value::U32(s.mask))
         .kv("tokenizer.ggml.bos_token_id", Value::U32(s.bos))
         .kv("tokenizer.ggml.eos_token_id", Value::U32(s.eos));
+    if let Some(m) = s.mask {
+        w.kv("tokenizer.ggml.mask_token_id", Value::U32(m));
+    }
+    let (tokens, types) = byte_vocab(&s);
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("default".into()))
+        .kv("tokenizer.ggml.tokens", Value::Array(tokens))
+        .kv("tokenizer.ggml.token_type", Value::Array(types))
+        .kv("tokenizer.ggml.merges", Value::Array(vec![]));
     let ones = |n: usize| -> Vec<u8> { (0..n).flat_map(|_| 1f32.to_le_bytes()).collect() };
     w.tensor_lazy("token_embd.weight", &[s.vocab, s.d], ty);
     for i in 0..s.layers {

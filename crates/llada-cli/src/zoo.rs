@@ -1281,19 +1281,15 @@ fn report(st: &llada_train::trainer::TrainState) {
     );
 }
 
-/// mimalloc (v3) option index of `mi_option_purge_delay` (`mimalloc.h`, `enum mi_option_e`);
-/// libmimalloc-sys names only the v2 indices.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 /// Training frees and re-allocates the same tens of megabytes of activations and gradients every
-/// step. mimalloc returns freed pages to the OS after 10 ms by default, so each step faulted them
+/// step. mimalloc returns freed pages to the OS after a delay (v3: 1 s), so each step faulted them
 /// back in and the kernel zeroed them again: perf showed ≈ 20 % of a task-model run in
 /// `clear_page_erms`/`memset`. With purging off, 40 steps of `--preset tiny-llada-tasks` took
 /// 39–42 s instead of 77–81 s (alternated, one session). Only training sets it: generation showed
 /// no difference, and the speculative engine's resident-memory accounting wants pages returned.
 fn keep_freed_pages() {
     // SAFETY: sets one process-wide allocator option; mimalloc reads it on its next purge.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+    unsafe { libmimalloc_sys::mi_option_set(crate::MI_OPTION_PURGE_DELAY, -1) }
 }
 
 pub fn train(a: TrainArgs) -> Result<()> {
@@ -1668,8 +1664,7 @@ impl Lanes {
 /// `llada generate --mode diffusion`.
 pub fn generate_diffusion(
     prompt: &str,
-    model: &str,
-    threads: Option<usize>,
+    margs: &crate::ModelArgs,
     raw: bool,
     json: bool,
     s: &crate::SamplingArgs,
@@ -1677,7 +1672,7 @@ pub fn generate_diffusion(
 ) -> Result<()> {
     // Without --model, diffusion mode runs the zoo's prose model (the task model if the prose
     // model is absent).
-    let path = if model == "smollm2" {
+    let path = if margs.model == "smollm2" {
         ["models/tiny-llada-prose", "models/tiny-llada-tasks"]
             .iter()
             .map(PathBuf::from)
@@ -1686,10 +1681,13 @@ pub fn generate_diffusion(
                 "no diffusion model in models/: pass --model, or train one with `llada train`",
             )?
     } else {
-        PathBuf::from(model)
+        PathBuf::from(&margs.model)
     };
-    let m = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    // The same options as every other mode: a memory budget streams what does not fit, one
+    // denoising pass at a time.
+    let opts = crate::load_options(margs)?;
+    let rss_before_load = llada_model::store::rss_bytes();
+    let m = crate::load_model(&path, &opts)?;
     let tok = m
         .tokenizer
         .as_ref()
@@ -1709,7 +1707,10 @@ pub fn generate_diffusion(
         }
     }
     let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
-    let threads = crate::threads_or_all(threads);
+    let threads = crate::threads_or_all(margs.threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
     let lanes = Lanes::new(threads, &cfg, d.sparse_pool)?;
     let mut view = |v: &StepView| {
         let mut line = String::new();
@@ -1756,7 +1757,7 @@ pub fn generate_diffusion(
             serde_json::json!({"model": path.display().to_string(), "mode": "diffusion", "strategy": d.name(),
                 "text": answer, "tokens": out.tokens, "prompt_ids": ids, "prompt_tokens": ids.len(),
                 "generated_tokens": end, "forward_passes": out.forward_passes, "rows_computed": out.rows_computed,
-                "timings": {"total_s": out.total_s}})
+                "timings": {"total_s": out.total_s}, "memory": crate::memory_report(&m, rss_before_load).0})
         );
     } else {
         println!("{answer}");
@@ -1767,6 +1768,9 @@ pub fn generate_diffusion(
             out.total_s,
             d.name()
         );
+        if let Some(line) = crate::memory_report(&m, rss_before_load).1 {
+            eprintln!("{line}");
+        }
     }
     Ok(())
 }

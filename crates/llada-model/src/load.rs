@@ -442,7 +442,7 @@ impl Model {
     }
 
     fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let g = Arc::new(GgufFile::open(path)?);
+        let mut g = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&g)?;
         let permuted = matches!(config.arch, Arch::Llama | Arch::LLaDA);
         let tokenizer = if opts.no_tokenizer {
@@ -450,6 +450,17 @@ impl Model {
         } else {
             Some(Tokenizer::from_gguf(&g)?)
         };
+        // The vocabulary's arrays (one `Value` per token and merge) are not read again once
+        // the tokenizer and the config are built; the file stays open as the tensor source for
+        // the model's life, so they would otherwise stay in memory with it.
+        for k in [
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.merges",
+            "tokenizer.ggml.token_type",
+        ] {
+            g.metadata.remove(k);
+        }
+        let g = Arc::new(g);
         let tensor_types = Self::type_summary(&*g);
         let (weights, store) = Self::load_weights(g, &config, opts, Scheme::Gguf, permuted)?;
         Ok(Self {
