@@ -973,6 +973,10 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         };
         let (weights_peak, peak_without_tvc) = (peak_of(true), peak_of(false));
         let bound = budget_b.zip(staging_w).map(|(b, s)| b + s);
+        let peak_rss = runs[runs_before..]
+            .iter()
+            .filter_map(|r| r.peak_rss_bytes)
+            .max();
         memory.push(serde_json::json!({
             "budget": budget,
             "budget_bytes": budget_b,
@@ -983,7 +987,11 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             "weights_peak_bytes": weights_peak,
             "weights_peak_without_tvc_bytes": peak_without_tvc,
             "weights_within_budget_plus_staging_10pct": bound.map(|b| weights_peak as f64 <= 1.1 * b as f64),
-            "peak_rss_bytes": runs[runs_before..].iter().filter_map(|r| r.peak_rss_bytes).max(),
+            "peak_rss_bytes": peak_rss,
+            // The issue's bound read on the whole process: at SmolLM2-135M's size the runtime
+            // (tokenizer, KV caches, drafts, buffers) alone exceeds it; at 8B it holds
+            // (docs/architecture.md, "Peak RSS").
+            "rss_within_budget_plus_staging_10pct": bound.zip(peak_rss).map(|(b, r)| r as f64 <= 1.1 * b as f64),
         }));
     }
     pb.finish_and_clear();
@@ -1100,14 +1108,14 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 .map_or(String::new(), |w| format!("\"{}\"", w.replace('"', "'")))
         ));
     }
-    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB | peak RSS MB (before load) |\n|---|---|---|---|---|---|\n");
+    md.push_str("\n| budget | budget MB | resident weights MB | staging MB | weights peak MB | peak RSS MB (before load) | peak RSS ≤ budget + staging + 10 % |\n|---|---|---|---|---|---|---|\n");
     let mb = |v: &serde_json::Value| {
         v.as_u64()
             .map_or("–".into(), |b| format!("{:.1}", b as f64 / 1e6))
     };
     for m in &memory {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} ({}) |\n",
+            "| {} | {} | {} | {} | {} | {} ({}) | {} |\n",
             m["budget"].as_str().unwrap_or("?"),
             mb(&m["budget_bytes"]),
             mb(&m["resident_weight_bytes"]),
@@ -1115,6 +1123,12 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             mb(&m["weights_peak_bytes"]),
             mb(&m["peak_rss_bytes"]),
             mb(&m["rss_before_load_bytes"]),
+            match m["rss_within_budget_plus_staging_10pct"].as_bool() {
+                Some(true) => "yes",
+                Some(false) =>
+                    "no: the runtime (tokenizer, KV, drafts) alone exceeds it at this size",
+                None => "–",
+            },
         ));
     }
     md.push_str("\nPrompts are the outer loop: each runs AR, every configuration (in an order rotated from prompt to prompt), then AR again; the AR row pools both AR passes:");

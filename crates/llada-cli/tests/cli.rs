@@ -618,6 +618,12 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
         mem["weights_within_budget_plus_staging_10pct"], true,
         "{mem}"
     );
+    // The same bound on the whole process is reported as read (at 135 M parameters the
+    // runtime exceeds it; its value here is not asserted).
+    assert!(
+        mem["rss_within_budget_plus_staging_10pct"].is_boolean(),
+        "{mem}"
+    );
     assert_eq!(j["ar_drift"][0]["last_identical"], 2);
     for f in ["report.md", "runs.csv", "report.json", "tokens_per_s.svg"] {
         assert!(out_dir.join(f).exists(), "{f} not written");
