@@ -273,13 +273,13 @@ pub(crate) fn load_options(args: &ModelArgs) -> Result<LoadOptions> {
 }
 
 fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
-    let path = models::resolve(&args.model, quiet)?;
-    let opts = load_options(args)?;
-    let model = load_model(&path, &opts)?;
     let threads = crate::threads_or_all(args.threads);
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
+    let opts = load_options(args)?;
+    let path = models::resolve(&args.model, quiet)?;
+    let model = load_model(&path, &opts)?;
     let lane = Lane::new("dense", threads)?;
     if args.trace.is_some() {
         Tracer::global().enable(true);
@@ -546,7 +546,8 @@ fn run_chat(a: ChatArgs) -> Result<()> {
 
 fn run_info(model: &str, json: bool) -> Result<()> {
     let path = models::resolve(model, json)?;
-    // The tokenizer is not reported: models without one (e.g. `llada synth` output) load too.
+    // The tokenizer is not reported: models without one (e.g. GGUFs written by other tools
+    // without tokenizer metadata) load too.
     let m = Model::load(
         &path,
         &LoadOptions {

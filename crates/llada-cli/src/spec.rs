@@ -1125,8 +1125,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             mb(&m["rss_before_load_bytes"]),
             match m["rss_within_budget_plus_staging_10pct"].as_bool() {
                 Some(true) => "yes",
-                Some(false) =>
-                    "no: the runtime (tokenizer, KV, drafts) alone exceeds it at this size",
+                Some(false) => "no",
                 None => "–",
             },
         ));

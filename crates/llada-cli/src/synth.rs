@@ -174,7 +174,11 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, buf: &mut [u8]) {
 /// (`CACHE/synth/SHAPE-q4_0.gguf`), written on first use — what `llada bench diffusion`'s window
 /// sweep runs for `synth:SHAPE`.
 pub fn cached(shape_name: &str) -> Result<PathBuf> {
-    shape(shape_name)?;
+    if shape(shape_name)?.mask.is_none() {
+        bail!(
+            "synth:{shape_name} is autoregressive: the diffusion sweep takes llada-8b or dream-7b"
+        );
+    }
     let dir = crate::models::cache_dir().join("synth");
     let path = dir.join(format!("{shape_name}-q4_0.gguf"));
     if !path.exists() {

@@ -1683,6 +1683,12 @@ pub fn generate_diffusion(
     } else {
         PathBuf::from(&margs.model)
     };
+    // Options are checked before the load (an 8B model takes seconds to load).
+    let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
+    let threads = crate::threads_or_all(margs.threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
     // The same options as every other mode: a memory budget streams what does not fit, one
     // denoising pass at a time.
     let opts = crate::load_options(margs)?;
@@ -1705,11 +1711,6 @@ pub fn generate_diffusion(
         if ids.first() != Some(&bos) {
             ids.insert(0, bos);
         }
-    }
-    let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
-    let threads = crate::threads_or_all(margs.threads);
-    if threads == 0 {
-        bail!("--threads must be at least 1");
     }
     let lanes = Lanes::new(threads, &cfg, d.sparse_pool)?;
     let mut view = |v: &StepView| {
