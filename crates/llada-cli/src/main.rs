@@ -319,9 +319,14 @@ pub(crate) fn memory_report(
         "storage_busy_s": st.stats.read_ns.load(Relaxed) as f64 / 1e9,
         "repack_busy_s": st.stats.build_ns.load(Relaxed) as f64 / 1e9,
         "dense_wait_s": st.stats.wait_ns.load(Relaxed) as f64 / 1e9,
+        // `--storage-bw`: the reads were throttled to this; null when they ran at the disk's speed.
+        "storage_bw_emulated_gbps": st.storage_bw.map(|b| b / 1e9),
+    });
+    let emulated = st.storage_bw.map_or(String::new(), |b| {
+        format!(" at an EMULATED {:.2} GB/s", b / 1e9)
     });
     let line = format!(
-        "[memory: budget {:.1} MB, resident weights {:.1} MB, staging {:.1} MB; weights peak {:.1} MB; peak RSS {:.1} MB ({:.1} MB before load); streamed {:.1} MB/pass, reading {:.2}s, repacking {:.2}s, dense lane waited {:.2}s]",
+        "[memory: budget {:.1} MB, resident weights {:.1} MB, staging {:.1} MB; weights peak {:.1} MB; peak RSS {:.1} MB ({:.1} MB before load); streamed {:.1} MB/pass{emulated}, reading {:.2}s, repacking {:.2}s, dense lane waited {:.2}s]",
         mb(p.budget.unwrap_or(0)),
         mb(p.resident_bytes()),
         mb(p.staging_bytes()),

@@ -689,6 +689,15 @@ fn diffusion_generation_streams_under_a_budget() {
         u("weights_peak_bytes") <= u("budget_bytes") + u("staging_bytes"),
         "{m}"
     );
+    assert!(m["storage_bw_emulated_gbps"].is_null(), "{m}");
+    // Emulated storage is labelled as such in the report.
+    let e = run(&["--mem-budget", "25%", "--storage-bw", "100"]);
+    assert_eq!(e["tokens"], base["tokens"]);
+    assert_eq!(
+        e["memory"]["storage_bw_emulated_gbps"], 100.0,
+        "{}",
+        e["memory"]
+    );
     // The storage emulation needs a budget here as in every other mode.
     let out = llada()
         .args([
