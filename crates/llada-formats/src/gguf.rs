@@ -550,7 +550,9 @@ impl GgufWriter {
             Value::Bool(x) => out.push(*x as u8),
             Value::String(s) => Self::put_str(out, s),
             Value::Array(a) => {
-                let et = a.first().map(Self::type_id).unwrap_or(4);
+                // An empty array has no element to take the type from: GGUF's empty arrays are
+                // string lists (a tokenizer's merges, added tokens), and strict readers check it.
+                let et = a.first().map(Self::type_id).unwrap_or(8);
                 out.extend(et.to_le_bytes());
                 out.extend((a.len() as u64).to_le_bytes());
                 for e in a {

@@ -521,6 +521,24 @@ fn bad_value_types_and_utf8() {
 }
 
 #[test]
+fn empty_arrays_are_written_as_string_arrays() {
+    // `llada synth` writes an empty `tokenizer.ggml.merges`; GGUF readers check its element type.
+    let mut w = GgufWriter::new();
+    w.kv("tokenizer.ggml.merges", Value::Array(vec![]));
+    let b = w.to_bytes();
+    let key = b"tokenizer.ggml.merges";
+    let at = b
+        .windows(key.len())
+        .position(|x| x == key)
+        .expect("key written")
+        + key.len();
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    assert_eq!(u32_at(at), 9, "value type: array");
+    assert_eq!(u32_at(at + 4), 8, "element type: string");
+    assert_eq!(u64::from_le_bytes(b[at + 8..at + 16].try_into().unwrap()), 0);
+}
+
+#[test]
 fn nested_arrays_and_alignment_metadata() {
     let s = Scratch::new("nested");
     let p = s.path("n.gguf");
