@@ -535,7 +535,10 @@ fn empty_arrays_are_written_as_string_arrays() {
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
     assert_eq!(u32_at(at), 9, "value type: array");
     assert_eq!(u32_at(at + 4), 8, "element type: string");
-    assert_eq!(u64::from_le_bytes(b[at + 8..at + 16].try_into().unwrap()), 0);
+    assert_eq!(
+        u64::from_le_bytes(b[at + 8..at + 16].try_into().unwrap()),
+        0
+    );
 }
 
 #[test]

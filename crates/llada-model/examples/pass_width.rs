@@ -4,22 +4,29 @@
 //!
 //! `cargo run --release -p llada-model --example pass_width -- MODEL.gguf` (medians of 15
 //! passes, ms per pass, inside a rayon pool as the engine's lanes run it).
-use llada_model::{store::Budget, AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model};
+use llada_model::{
+    store::Budget, AttnMask, ForwardRequest, KvWrite, LoadOptions, LogitRows, Model,
+};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: pass_width MODEL"))?;
+    let path = std::env::args()
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("usage: pass_width MODEL"))?;
     let budget = std::env::var("BUDGET").unwrap_or_else(|_| "25%".into());
     let widths: Vec<usize> = std::env::var("WIDTHS")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32]);
-    for b in [None, Some(Budget::parse(&budget).map_err(anyhow::Error::msg)?)] {
+    for b in [
+        None,
+        Some(Budget::parse(&budget).map_err(anyhow::Error::msg)?),
+    ] {
         let model = Model::load(
             std::path::Path::new(&path),
             &LoadOptions {
                 no_tokenizer: true,
-                mem_budget: b.clone(),
+                mem_budget: b,
                 ..Default::default()
             },
         )?;
@@ -67,8 +74,14 @@ fn run(model: &Model, widths: &[usize]) -> anyhow::Result<()> {
         }
         t.sort_by(|a, b| a.total_cmp(b));
         let st = model.store.as_ref().map(|s| {
-            let g = |a: &std::sync::atomic::AtomicU64| a.swap(0, std::sync::atomic::Ordering::Relaxed) as f64 / 15e6;
-            (g(&s.stats.read_ns), g(&s.stats.build_ns), g(&s.stats.wait_ns))
+            let g = |a: &std::sync::atomic::AtomicU64| {
+                a.swap(0, std::sync::atomic::Ordering::Relaxed) as f64 / 15e6
+            };
+            (
+                g(&s.stats.read_ns),
+                g(&s.stats.build_ns),
+                g(&s.stats.wait_ns),
+            )
         });
         println!("{n:>4} {:>9.2} {:>9.2} {:?}", t[7], t[7] / n as f64, st);
     }
