@@ -49,9 +49,11 @@ pub struct DiffusionBenchArgs {
     #[arg(long, default_value_t = 0.9)]
     threshold: f32,
     /// Multi-block execution window (a static shape; 8 is the fastest on a CPU, see
-    /// docs/diffusion.md) and lookahead trigger.
+    /// docs/diffusion.md).
     #[arg(long, default_value_t = 8)]
     window: usize,
+    /// Multi-block: look ahead into future blocks when the current block has fewer masked
+    /// tokens than this (as `generate --lookahead`).
     #[arg(long, default_value_t = 8)]
     lookahead: usize,
     /// Revision: a commit at this confidence or more becomes stable without a probe (`off`:
@@ -84,9 +86,10 @@ pub struct DiffusionBenchArgs {
     /// Skip the window sweep.
     #[arg(long)]
     no_sweep: bool,
-    /// Directory for runs.csv, sweep.csv, sweep.svg and report.md.
+    /// Directory for runs.csv, sweep.csv, sweep.svg, report.md and report.json.
     #[arg(long, default_value = "bench-out/diffusion")]
     out_dir: PathBuf,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Passes over the prompts. Within a pass the strategies take turns on each prompt, so the

@@ -122,8 +122,8 @@ enum Cmd {
     /// Quantized matmuls run on AVX2 by default; `LLADA_KERNEL_ISA=avx512-vnni` (on CPUs that
     /// have it) or `portable` selects another path for the whole process, e.g. to compare them.
     Bench(bench::BenchArgs),
-    /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B) and random quantized
-    /// weights, for speed measurements without a download.
+    /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B, LLaMA-3-8B) and random
+    /// quantized weights, for speed and memory measurements without a download.
     Synth(synth::SynthArgs),
     /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
     Train(zoo::TrainArgs),

@@ -43,27 +43,31 @@ pub struct SpecArgs {
     /// Top-k tree: children per node at each depth.
     #[arg(long, value_delimiter = ',', default_value = "3,2,2,1")]
     pub widths: Vec<usize>,
-    /// Lever tree: most nodes, deepest path, candidates per node.
+    /// Lever tree: at most this many drafted nodes per verify pass (the cost model usually
+    /// stops growth earlier).
     #[arg(long, default_value_t = 24)]
     pub max_nodes: usize,
+    /// Lever tree: deepest path (drafted tokens after the last committed one).
     #[arg(long, default_value_t = 8)]
     pub max_depth: usize,
+    /// Lever tree: candidate children per node (the drafter's top k).
     #[arg(long, default_value_t = 3)]
     pub tree_top_k: usize,
     /// Early-exit verification pruning with the draft's `probe.json` (made by `llada
     /// train-probe`): tree nodes the probe rejects at a middle layer skip the remaining layers.
     #[arg(long)]
     pub early_exit: bool,
-    /// AHASD pipeline instead of one-pass tree verification (greedy only): `async` runs the
-    /// drafter on its own lane and thread, drafting ahead while the target verifies; `sync`
-    /// is the same pipeline in lock-step (its baseline).
+    /// AHASD (asynchronous, hardware-aware speculative decoding) pipeline instead of one-pass
+    /// tree verification (greedy only): `async` runs the drafter on its own lane and thread,
+    /// drafting ahead while the target verifies; `sync` is the same pipeline in lock-step
+    /// (its baseline).
     #[arg(long, value_parser = ["sync", "async"])]
     pub ahasd: Option<String>,
-    /// AHASD: entropy-history drafting control (stop drafting when the entropy history
-    /// predicts rejection).
+    /// AHASD: EDC, entropy-history drafting control (stop drafting ahead when the history of
+    /// draft entropies predicts rejection).
     #[arg(long)]
     pub edc: bool,
-    /// AHASD: time-aware pre-verification (the draft lane verifies pending drafts with the
+    /// AHASD: TVC, time-aware pre-verification (the draft lane verifies pending drafts with the
     /// target while it would idle). It runs only where the draft lane has idle hardware of its
     /// own: a resident target (no `--mem-budget` below its size) and a core the verifier does
     /// not use (`--threads` at most the cores − 1: the verifier takes every core by default);
@@ -71,8 +75,8 @@ pub struct SpecArgs {
     #[arg(long)]
     pub tvc: bool,
     /// AHASD: run TVC's pre-verification even where it competes with the verifier for the
-    /// cores or the streamed weights (BRIEF's rule as stated; measured 0.55x of lock-step at a
-    /// 25 % budget on 2 cores). Asynchronous runs only: lock-step has nothing to pre-verify
+    /// cores or the streamed weights (AHASD's rule as the paper states it; measured 0.55x of
+    /// lock-step at a 25 % budget on 2 cores). Asynchronous runs only: lock-step has nothing to pre-verify
     /// beside the verifier.
     #[arg(long, requires = "tvc")]
     pub tvc_shared: bool,
@@ -388,11 +392,13 @@ pub struct SpecBenchArgs {
     /// EMULATION: storage read bandwidth (GB/s) for streamed weights.
     #[arg(long)]
     storage_bw: Option<f64>,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Directory for report.md, runs.csv and report.json.
+    /// Directory for report.md, runs.csv, report.json and tokens_per_s.svg.
     #[arg(long, default_value = "bench-out/spec")]
     out_dir: PathBuf,
+    /// Print the report (report.json's content) as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -1279,6 +1285,7 @@ pub struct TrainProbeArgs {
     /// Fraction of the accepted nodes the threshold must keep on the fitting split.
     #[arg(long, default_value_t = 0.995)]
     recall: f64,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Print the probe as JSON.
@@ -1430,6 +1437,7 @@ pub struct TrainSelfDraftArgs {
     /// Output file.
     #[arg(long, default_value = SELF_HEAD)]
     out: PathBuf,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -1538,8 +1546,10 @@ pub struct TrainFeatureDraftArgs {
     /// Passes over the training examples.
     #[arg(long, default_value_t = 3.0)]
     epochs: f64,
+    /// Training examples (recorded positions) per optimizer step.
     #[arg(long, default_value_t = 256)]
     batch: usize,
+    /// AdamW learning rate.
     #[arg(long, default_value_t = 1e-3)]
     lr: f64,
     /// Weight of the feature regression term beside the cross-entropy.
@@ -1549,6 +1559,7 @@ pub struct TrainFeatureDraftArgs {
     /// feature (as deeper tree nodes do).
     #[arg(long, default_value_t = 2)]
     unroll: usize,
+    /// Seed of the initialisation and the batch order.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Also report a draft model's agreement on the same held-out positions (e.g.
@@ -1558,6 +1569,7 @@ pub struct TrainFeatureDraftArgs {
     /// Output file.
     #[arg(long, default_value = FEATURE_HEAD)]
     out: PathBuf,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
 }

@@ -29,6 +29,7 @@ pub struct SynthArgs {
     /// Output GGUF file.
     #[arg(long, short = 'o')]
     out: PathBuf,
+    /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }

@@ -47,6 +47,7 @@ pub struct TrainArgs {
     /// their range (0: full lengths from the start) [default: 0.6].
     #[arg(long, value_parser = parse_fraction)]
     curriculum: Option<f64>,
+    /// Seed of the initialisation, the data and the masks (a run is reproducible from it).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Continue from the checkpoint in the output directory.
@@ -193,9 +194,9 @@ pub struct TrainArgs {
     /// (docs/training.md, "Random EOS tails").
     #[arg(long, value_name = "P:MAX", value_parser = parse_eos_tail)]
     eos_tail: Option<(f64, usize)>,
-    /// Task models: one length band (a quarter of the range) per training batch, as since
-    /// stop 16 (`--bands false`: every batch draws every length; with `--padding answer` a
-    /// short row is then padded to the batch's longest).
+    /// Task models: one length band (a quarter of the range) per training batch (`--bands
+    /// false`: every batch draws every length; with `--padding answer` a short row is then
+    /// padded to the batch's longest).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     bands: bool,
     /// Task models: draw this share of the training batches' tasks in proportion to each
@@ -420,7 +421,7 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
             },
             3000,
         )),
-        // Llama format over SmolLM2's own token ids, tied head: ≈ 11 M MACs/token vs ≈ 134 M.
+        // Llama format over SmolLM2's own token ids, tied head over 8 192 ids: ≈ 3.1 M MACs/token vs ≈ 134 M.
         "smollm2-draft" => Some((spec(Format::Llama, 192, 4, 6, 2, 512, true, true), 900)),
         _ => None,
     }
@@ -1779,7 +1780,8 @@ pub fn generate_diffusion(
 #[derive(Args)]
 pub struct EvalArgs {
     /// Model directory: a task model (exact match per task), a prose diffusion model (held-out
-    /// NLL bound), or a draft with --target (agreement and accepted length).
+    /// NLL bound), or a draft with --target (agreement and accepted length) — a draft model's
+    /// directory, or a feature head's .safetensors (`llada train-feature-draft`).
     #[arg(long, short = 'm')]
     model: PathBuf,
     /// Target model for draft evaluation (alias, GGUF or HF dir).
@@ -1810,6 +1812,7 @@ pub struct EvalArgs {
     answer_region: AnswerRegion,
     #[command(flatten)]
     diffusion: DiffusionArgs,
+    /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Print JSON.

@@ -116,12 +116,12 @@ impl Edc {
 
 /// TVC's model of the verifier: its recent passes as (seconds, tokens, KV length) records.
 ///
-/// BRIEF's rule prices a pass per token (`time left / per-token cost`). A pass of a target
+/// AHASD's rule prices a pass per token (`time left / per-token cost`). A pass of a target
 /// whose weights are streamed from storage costs its weight reads whatever its width, so a
 /// per-token price calls a one-token pre-verification cheap when it costs a whole pass (and
 /// reads every streamed weight a second time, competing with the verifier's own reads). The
 /// records are therefore fitted as `cost(n) = fixed + n · per_token` (least squares over the
-/// records, both terms ≥ 0; with one pass width only, `fixed` = 0 and BRIEF's per-token price),
+/// records, both terms ≥ 0; with one pass width only, `fixed` = 0 and AHASD's per-token price),
 /// scaled by KV length; a pre-verification runs only when one token fits in the time left.
 #[derive(Debug, Clone, Default)]
 pub struct Tvc {
@@ -144,7 +144,7 @@ impl Tvc {
         let mk = self.records.iter().map(|r| r.2 as f64).sum::<f64>() / n;
         let f = super::fit_line(self.records.iter().map(|r| (r.1 as f64, r.0)));
         // Without a usable slope (one pass width, or a negative intercept clipped to 0): the
-        // line through the origin, BRIEF's per-token price.
+        // line through the origin, AHASD's per-token price.
         let through_origin = (0.0, f.mean_y / f.mean_x);
         let (fixed, per) = match f.slope {
             Some(slope) => {
@@ -167,7 +167,7 @@ impl Tvc {
     }
     /// Pre-verification length for `time_left` seconds and a pass costing `fixed + n ·
     /// per_token`: as many tokens as fit, clamped to [1, min(8, pending)] — and 0 when not
-    /// even one fits (with `fixed` = 0 this is BRIEF's `time left / per-token cost` rule).
+    /// even one fits (with `fixed` = 0 this is AHASD's `time left / per-token cost` rule).
     pub fn preverify_len(time_left: f64, fixed: f64, per_token: f64, pending: usize) -> usize {
         let hi = pending.min(8);
         if hi == 0 || (fixed > 0.0 && time_left < fixed + per_token) {
@@ -179,7 +179,7 @@ impl Tvc {
 
 /// Why TVC pre-verifies nothing in a run, or `None` when it may.
 ///
-/// BRIEF's TVC fills the time the drafter's unit would idle. Here the drafter's unit is the
+/// AHASD's TVC fills the time the drafter's unit would idle. Here the drafter's unit is the
 /// draft lane, and its idle time is idle hardware only if nothing the verifier needs is
 /// shared: a pre-verification is a target pass, so it competes with the verifier for
 /// * the target's streamed weights, when the target does not fit its memory budget
@@ -883,7 +883,7 @@ mod tests {
 
     #[test]
     fn tvc_clamps_the_length() {
-        // No fixed cost: BRIEF's rule, time left / per-token cost in [1, min(8, pending)].
+        // No fixed cost: AHASD's rule, time left / per-token cost in [1, min(8, pending)].
         assert_eq!(Tvc::preverify_len(0.010, 0.0, 0.001, 20), 8);
         assert_eq!(Tvc::preverify_len(0.010, 0.0, 0.001, 3), 3);
         assert_eq!(Tvc::preverify_len(0.0001, 0.0, 0.001, 5), 1);
@@ -912,7 +912,7 @@ mod tests {
 
     #[test]
     fn tvc_runs_only_on_idle_hardware() {
-        // A resident target and a lane of its own: BRIEF's rule applies.
+        // A resident target and a lane of its own: AHASD's rule applies.
         assert_eq!(tvc_gate(false, 1, 1, 2), None);
         assert_eq!(tvc_gate(false, 3, 1, 4), None);
         // The lanes outnumber the cores: the draft lane's idle time is the verifier's.
