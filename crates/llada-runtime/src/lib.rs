@@ -4,8 +4,8 @@
 //!   for small irregular work, draft lane for speculative drafters); decoders submit work to lanes.
 //! * [`kv`]: the KV cache, slot-addressed so rows can be overwritten (revision) and truncated
 //!   (rollback).
-//! * [`trace`]: the operator trace (op, shapes, bytes, lane, start/end) that benches and the
-//!   hardware simulator read.
+//! * [`trace`]: the operator trace (op, shapes, bytes, lane, start/end) that benches read (and
+//!   that a hardware simulator would replay).
 pub mod kv;
 pub mod lane;
 pub mod trace;
