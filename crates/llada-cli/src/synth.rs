@@ -188,15 +188,15 @@ pub fn cached(shape_name: &str) -> Result<PathBuf> {
             "making {} once: random weights with {shape_name}'s shapes (no download)",
             path.display()
         );
-        let part = dir.join(format!("{shape_name}-q4_0.gguf.part"));
+        // `run` writes atomically (`GgufWriter::write_streaming`): an interrupted first use
+        // leaves no truncated file to be taken for the model next time.
         run(SynthArgs {
             shape: shape_name.into(),
             layers: None,
             quant: "q4_0".into(),
-            out: part.clone(),
+            out: path.clone(),
             seed: 0,
         })?;
-        std::fs::rename(&part, &path)?;
     }
     Ok(path)
 }
@@ -292,6 +292,8 @@ pub fn run(a: SynthArgs) -> Result<()> {
     );
     pb.set_message(a.out.display().to_string());
     let mut rng = Rng(a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    // Atomic: written to `OUT.part`, renamed over OUT only once complete, so an interrupted or
+    // failed run leaves an existing OUT as it was.
     w.write_streaming(&a.out, &mut |_, _, buf| {
         fill_blocks(ty, &mut rng, buf);
         pb.inc(buf.len() as u64);

@@ -3,11 +3,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The I/O error's message is part of this one's (`err` is deliberately not the error's
+    /// `source()`: `{:#}` chains — anyhow's — would print it twice).
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("{path}: not a GGUF file (magic {magic:02x?}, expected \"GGUF\")")]
     BadMagic { path: PathBuf, magic: Vec<u8> },
     #[error("{path}: unsupported GGUF version {version} (supported: 2, 3)")]
@@ -53,10 +52,10 @@ pub enum FormatError {
 }
 
 impl FormatError {
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            err,
         }
     }
     pub fn corrupt(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {

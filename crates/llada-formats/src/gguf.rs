@@ -9,6 +9,7 @@ use crate::error::FormatError;
 use crate::tensor::{TensorSource, TensorView};
 use llada_kernels::{ByteOwner, GgmlType};
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -116,12 +117,67 @@ impl MappedFile {
     }
 }
 
-/// Map `path` read-only.
+/// `Ok` when `path` is a regular file; else an error that says what it is instead (a directory,
+/// a device, a FIFO …). Checked before opening: opening a FIFO would block.
+pub fn require_regular_file(path: &Path) -> Result<std::fs::Metadata, FormatError> {
+    use std::io::{Error, ErrorKind};
+    let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(meta);
+    }
+    if ft.is_dir() {
+        return Err(FormatError::io(
+            path,
+            Error::new(ErrorKind::IsADirectory, "is a directory, not a file"),
+        ));
+    }
+    #[cfg(unix)]
+    let what = {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_char_device() {
+            "a character device"
+        } else if ft.is_block_device() {
+            "a block device"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a special file"
+        }
+    };
+    #[cfg(not(unix))]
+    let what = "a special file";
+    Err(FormatError::io(
+        path,
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!("is not a regular file (it is {what})"),
+        ),
+    ))
+}
+
+/// Map `path` read-only (it must be a regular file).
 pub fn map_file(path: &Path) -> Result<Arc<MappedFile>, FormatError> {
+    require_regular_file(path)?;
     let f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
     // SAFETY: the map is read-only; we accept that another process truncating the file while we
     // run is outside our guarantees (as every mmap-based loader does).
-    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(path, e))?;
+    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| {
+        // Virtual files (/proc, /sys) claim to be regular files but cannot be mapped (ENODEV).
+        #[cfg(unix)]
+        let virtual_file = e.raw_os_error() == Some(libc::ENODEV);
+        #[cfg(not(unix))]
+        let virtual_file = false;
+        let msg = if virtual_file {
+            "is not a regular file on disk (a virtual or special file): it cannot be memory-mapped"
+                .to_string()
+        } else {
+            format!("cannot be memory-mapped: {e}")
+        };
+        FormatError::io(path, std::io::Error::new(e.kind(), msg))
+    })?;
     Ok(Arc::new(MappedFile(m, f)))
 }
 
@@ -618,44 +674,45 @@ impl GgufWriter {
         out
     }
     /// Write to `path`, asking `fill(tensor_index, chunk_offset, buf)` for the bytes of lazy
-    /// tensors chunk by chunk.
+    /// tensors chunk by chunk. Atomic (see [`crate::atomic`]): an existing `path` is replaced
+    /// only once the whole file is written.
     pub fn write_streaming(
         &self,
         path: &Path,
         fill: &mut dyn FnMut(usize, usize, &mut [u8]),
     ) -> Result<(), FormatError> {
-        use std::io::Write;
-        let io = |e| FormatError::io(path, e);
-        let f = std::fs::File::create(path).map_err(io)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 22, f);
-        let header = self.header();
-        w.write_all(&header).map_err(io)?;
-        let mut pos = header.len();
-        let mut buf = vec![0u8; 1 << 22];
-        for (i, (_, _, ty, data)) in self.tensors.iter().enumerate() {
-            let len = self.data_len(i);
-            if data.len() == len {
-                w.write_all(data).map_err(io)?;
-            } else {
-                // Chunks are whole quant blocks.
-                let step = (buf.len() / ty.block_bytes().max(1)).max(1) * ty.block_bytes().max(1);
-                let mut done = 0;
-                while done < len {
-                    let n = step.min(len - done);
-                    fill(i, done, &mut buf[..n]);
-                    w.write_all(&buf[..n]).map_err(io)?;
-                    done += n;
+        crate::atomic::write_with(path, |w| {
+            let header = self.header();
+            w.write_all(&header)?;
+            let mut pos = header.len();
+            let mut buf = vec![0u8; 1 << 22];
+            for (i, (_, _, ty, data)) in self.tensors.iter().enumerate() {
+                let len = self.data_len(i);
+                if data.len() == len {
+                    w.write_all(data)?;
+                } else {
+                    // Chunks are whole quant blocks.
+                    let step =
+                        (buf.len() / ty.block_bytes().max(1)).max(1) * ty.block_bytes().max(1);
+                    let mut done = 0;
+                    while done < len {
+                        let n = step.min(len - done);
+                        fill(i, done, &mut buf[..n]);
+                        w.write_all(&buf[..n])?;
+                        done += n;
+                    }
                 }
+                pos += len;
+                let pad = pos.next_multiple_of(32) - pos;
+                w.write_all(&[0u8; 32][..pad])?;
+                pos += pad;
             }
-            pos += len;
-            let pad = pos.next_multiple_of(32) - pos;
-            w.write_all(&[0u8; 32][..pad]).map_err(io)?;
-            pos += pad;
-        }
-        w.flush().map_err(io)
+            Ok(())
+        })
     }
-    /// Write to `path`.
+    /// Write to `path` (atomically, like [`Self::write_streaming`]).
     pub fn write(&self, path: &Path) -> Result<(), FormatError> {
-        std::fs::write(path, self.to_bytes()).map_err(|e| FormatError::io(path, e))
+        let bytes = self.to_bytes();
+        crate::atomic::write_with(path, |w| w.write_all(&bytes))
     }
 }

@@ -3,7 +3,7 @@
 //! `safetensors` crate validates each header (offsets inside the file, no overlaps).
 
 use crate::error::FormatError;
-use crate::gguf::{map_file, MappedFile};
+use crate::gguf::{map_file, require_regular_file, MappedFile};
 use crate::tensor::{TensorSource, TensorView};
 use llada_kernels::GgmlType;
 use std::collections::BTreeMap;
@@ -30,16 +30,22 @@ fn dtype_to_ggml(d: safetensors::Dtype) -> Option<GgmlType> {
     }
 }
 
+/// A (JSON) text file, which must be a regular file.
+pub fn read_text(path: &Path) -> Result<String, FormatError> {
+    require_regular_file(path)?;
+    std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))
+}
+
 impl HfDir {
     /// Open `dir` (must hold `config.json` and safetensors weights).
     pub fn open(dir: &Path) -> Result<Self, FormatError> {
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).map_err(|e| FormatError::io(&cfg_path, e))?;
+        let text = read_text(&cfg_path)?;
         let config: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| FormatError::corrupt(&cfg_path, format!("invalid JSON: {e}")))?;
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| FormatError::io(&index, e))?;
+            let text = read_text(&index)?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| FormatError::corrupt(&index, format!("invalid JSON: {e}")))?;
             let map = v

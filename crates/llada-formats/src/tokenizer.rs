@@ -8,7 +8,7 @@
 use crate::error::FormatError;
 use crate::gguf::{GgufFile, Value};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A chat template family.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,15 +122,23 @@ pub struct Tokenizer {
     pub stop_ids: Vec<u32>,
     pub bos_id: Option<u32>,
     pub template: ChatTemplate,
+    /// The file it was loaded from (`tokenizer.json` or the GGUF file), for error messages.
+    pub path: PathBuf,
 }
 
 impl Tokenizer {
-    /// Encode text (special tokens in the text are recognised, none are added).
+    /// Encode text (special tokens in the text are recognised, none are added). Errors name
+    /// the tokenizer's file.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         self.inner
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| e.to_string())
+            .map_err(|e| format!("{}: tokenizer: {e}", self.path.display()))
+    }
+    /// The largest token id the tokenizer can produce (vocabulary and added tokens), `None`
+    /// for an empty vocabulary.
+    pub fn max_token_id(&self) -> Option<u32> {
+        self.inner.get_vocab(true).into_values().max()
     }
     /// Decode ids, keeping special tokens out of the text.
     pub fn decode(&self, ids: &[u32]) -> String {
@@ -152,10 +160,17 @@ impl Tokenizer {
         default_template: ChatTemplate,
     ) -> Result<Self, FormatError> {
         let p = dir.join("tokenizer.json");
+        crate::gguf::require_regular_file(&p)?;
         let inner = tokenizers::Tokenizer::from_file(&p).map_err(|e| FormatError::Tokenizer {
             path: p.clone(),
             what: e.to_string(),
         })?;
+        if inner.get_vocab_size(true) == 0 {
+            return Err(FormatError::Tokenizer {
+                path: p,
+                what: "the vocabulary is empty".into(),
+            });
+        }
         let cfg = dir.join("tokenizer_config.json");
         let template = std::fs::read_to_string(&cfg)
             .ok()
@@ -179,6 +194,7 @@ impl Tokenizer {
             stop_ids,
             bos_id: None,
             template,
+            path: p,
         })
     }
 
@@ -199,6 +215,35 @@ impl Tokenizer {
             .get("tokenizer.ggml.tokens")
             .and_then(Value::as_array)
             .ok_or_else(|| FormatError::metadata(path, "tokenizer.ggml.tokens", " is missing"))?;
+        if tokens.is_empty() {
+            return Err(FormatError::metadata(
+                path,
+                "tokenizer.ggml.tokens",
+                ": the vocabulary is empty",
+            ));
+        }
+        // Special token ids: absent, or an integer id inside the vocabulary.
+        let n_tokens = tokens.len();
+        let id = |k: &str| -> Result<Option<u32>, FormatError> {
+            let Some(v) = g.get(k) else {
+                return Ok(None);
+            };
+            let v = v.as_u64().ok_or_else(|| {
+                FormatError::metadata(path, k, format!(": {v:?} is not a token id"))
+            })?;
+            match u32::try_from(v) {
+                Ok(id) if (id as usize) < n_tokens => Ok(Some(id)),
+                _ => Err(FormatError::metadata(
+                    path,
+                    k,
+                    format!(": token id {v} is outside the vocabulary ({n_tokens} tokens)"),
+                )),
+            }
+        };
+        let eos = id("tokenizer.ggml.eos_token_id")?;
+        let bos = id("tokenizer.ggml.bos_token_id")?;
+        let eot = id("tokenizer.ggml.eot_token_id")?;
+        let eom = id("tokenizer.ggml.eom_token_id")?;
         let merges = g
             .get("tokenizer.ggml.merges")
             .and_then(Value::as_array)
@@ -266,10 +311,9 @@ impl Tokenizer {
             .parse()
             .map_err(|e: tokenizers::Error| terr(e.to_string()))?;
         drop(text);
-        let id = |k: &str| g.get(k).and_then(Value::as_u64).map(|v| v as u32);
-        let mut stop_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
-        for k in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            if let Some(v) = id(k) {
+        let mut stop_ids: Vec<u32> = eos.into_iter().collect();
+        for v in eot.into_iter().chain(eom) {
+            if !stop_ids.contains(&v) {
                 stop_ids.push(v);
             }
         }
@@ -288,8 +332,9 @@ impl Tokenizer {
         Ok(Self {
             inner,
             stop_ids,
-            bos_id: id("tokenizer.ggml.bos_token_id"),
+            bos_id: bos,
             template,
+            path: path.clone(),
         })
     }
 }

@@ -358,7 +358,7 @@ fn missing_file_and_directory() {
     let p = s.path("nope.gguf");
     let e = GgufFile::open(&p).err().expect("missing file opened");
     assert!(
-        matches!(&e, FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        matches!(&e, FormatError::Io { err: source, .. } if source.kind() == std::io::ErrorKind::NotFound),
         "{e}"
     );
     assert_names_path(&e, &p);
@@ -903,7 +903,7 @@ fn hf_missing_or_bad_config() {
     let s = hf_dir("hf-nocfg", &[("model.safetensors", two_tensors())]);
     std::fs::remove_file(s.path("config.json")).unwrap();
     match hf_err(&s.0) {
-        FormatError::Io { path, source } => {
+        FormatError::Io { path, err: source } => {
             assert_eq!(path, s.path("config.json"));
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }
@@ -929,7 +929,7 @@ fn hf_missing_or_bad_config() {
 fn hf_missing_weights() {
     let s = hf_dir("hf-noweights", &[]);
     match hf_err(&s.0) {
-        FormatError::Io { path, source } => {
+        FormatError::Io { path, err: source } => {
             assert_eq!(path, s.path("model.safetensors"));
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }
@@ -1047,7 +1047,7 @@ fn hf_sharded() {
     // A shard that does not exist.
     std::fs::remove_file(s.path(n2)).unwrap();
     match hf_err(&s.0) {
-        FormatError::Io { path, source } => {
+        FormatError::Io { path, err: source } => {
             assert_eq!(path, s.path(n2));
             assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         }
@@ -1141,4 +1141,233 @@ fn streaming_writer_round_trips() {
     let mem = w.to_bytes();
     let disk = std::fs::read(&p).unwrap();
     assert_eq!(mem.len(), disk.len());
+}
+
+// ---------------------------------------------------------------------------------------------
+// I/O errors, paths that are not regular files, atomic writes, tokenizer ids
+// ---------------------------------------------------------------------------------------------
+
+/// The whole text an error chain prints (`{:#}` in anyhow: each message, then each source's).
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+#[test]
+fn io_error_message_appears_once() {
+    let s = Scratch::new("io-once");
+    let p = s.path("nope.gguf");
+    let e = GgufFile::open(&p).err().expect("missing file opened");
+    let text = chain_text(&e);
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "the I/O error is repeated: {text}"
+    );
+    assert!(text.starts_with(&p.display().to_string()), "{text}");
+    // HF: the missing config.json.
+    let e = hf_err(&s.0);
+    let text = chain_text(&e);
+    assert_eq!(text.matches("os error 2").count(), 1, "{text}");
+    assert!(text.contains("config.json"), "{text}");
+}
+
+#[test]
+fn paths_that_are_not_regular_files() {
+    let s = Scratch::new("not-regular");
+    // A directory where a GGUF file is expected.
+    let e = GgufFile::open(&s.0).err().expect("directory opened");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert!(!e.to_string().contains("os error 19"), "{e}");
+    assert_names_path(&e, &s.0);
+    // A device.
+    let dev = Path::new("/dev/null");
+    if dev.exists() {
+        let e = GgufFile::open(dev).err().expect("/dev/null opened");
+        let text = chain_text(&e);
+        assert!(text.contains("is not a regular file"), "{text}");
+        assert!(!text.contains("No such device"), "{text}");
+        assert_names_path(&e, dev);
+    }
+    // A virtual file that claims to be regular but cannot be mapped.
+    let proc = Path::new("/proc/self/status");
+    if proc.exists() {
+        let e = GgufFile::open(proc)
+            .err()
+            .expect("/proc/self/status opened");
+        let text = chain_text(&e);
+        assert!(text.contains("cannot be memory-mapped"), "{text}");
+        assert_eq!(text.matches("/proc/self/status").count(), 1, "{text}");
+    }
+    // HF: model.safetensors / config.json / the index that are directories.
+    let d = hf_dir("hf-dir-weights", &[]);
+    std::fs::create_dir(d.path("model.safetensors")).unwrap();
+    let e = hf_err(&d.0);
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert_names_path(&e, &d.path("model.safetensors"));
+    let d = hf_dir("hf-dir-config", &[("model.safetensors", two_tensors())]);
+    std::fs::remove_file(d.path("config.json")).unwrap();
+    std::fs::create_dir(d.path("config.json")).unwrap();
+    let e = hf_err(&d.0);
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert_names_path(&e, &d.path("config.json"));
+    let d = hf_dir("hf-dir-index", &[]);
+    std::fs::create_dir(d.path("model.safetensors.index.json")).unwrap();
+    let e = hf_err(&d.0);
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert_names_path(&e, &d.path("model.safetensors.index.json"));
+}
+
+#[test]
+fn failed_writes_leave_the_existing_file_intact() {
+    let s = Scratch::new("atomic");
+    let p = s.path("keep.gguf");
+    let part = s.path("keep.gguf.part");
+    valid_writer().write(&p).unwrap();
+    let good = std::fs::read(&p).unwrap();
+    assert!(
+        !part.exists(),
+        "the temporary file outlived a successful write"
+    );
+    // A write interrupted half-way (here: by a panic in `fill`, after the header and the first
+    // tensor went out) leaves the old file whole and removes its temporary file.
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::String("llama".into()))
+        .tensor("a", &[4], GgmlType::F32, vec![1u8; 16])
+        .tensor_lazy("b", &[64, 1024], GgmlType::Q8_0);
+    let mut calls = 0;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.write_streaming(&p, &mut |_, _, _| {
+            calls += 1;
+            panic!("interrupted");
+        })
+    }));
+    assert!(r.is_err() && calls == 1);
+    assert_eq!(
+        std::fs::read(&p).unwrap(),
+        good,
+        "the existing file was damaged"
+    );
+    assert!(!part.exists(), "the temporary file was left behind");
+    // A target that is a directory: an error naming it, nothing written.
+    let e = valid_writer()
+        .write(&s.0)
+        .expect_err("wrote over a directory");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert_names_path(&e, &s.0);
+    // A stale temporary file from a killed run is overwritten, and the write succeeds.
+    std::fs::write(&part, b"stale").unwrap();
+    w.write_streaming(&p, &mut |_, _, buf| buf.fill(3)).unwrap();
+    assert!(!part.exists());
+    let g = GgufFile::open(&p).unwrap();
+    assert!(TensorSource::get(&g, "b")
+        .unwrap()
+        .bytes()
+        .iter()
+        .all(|&x| x == 3));
+}
+
+fn tokenizer_gguf(path: &Path, extra: &[(&str, Value)]) -> GgufFile {
+    let mut w = GgufWriter::new();
+    for (k, v) in kvs() {
+        w.kv(k, v);
+    }
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.merges", Value::Array(vec![]));
+    for (k, v) in extra {
+        w.kv(k, v.clone());
+    }
+    w.write(path).unwrap();
+    GgufFile::open(path).unwrap()
+}
+
+#[test]
+fn gguf_tokenizer_special_ids_are_checked() {
+    use llada_formats::tokenizer::Tokenizer;
+    let s = Scratch::new("tok-ids");
+    let p = s.path("t.gguf");
+    // In range: loads, ids kept.
+    let g = tokenizer_gguf(
+        &p,
+        &[
+            ("tokenizer.ggml.eos_token_id", Value::U32(3)),
+            ("tokenizer.ggml.bos_token_id", Value::U32(0)),
+        ],
+    );
+    let t = Tokenizer::from_gguf(&g).unwrap();
+    assert_eq!((t.stop_ids.clone(), t.bos_id), (vec![3], Some(0)));
+    assert_eq!(t.path, p);
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eot_token_id",
+    ] {
+        for v in [
+            Value::String("3".into()),
+            Value::I32(-1),
+            Value::F32(1.0),
+            Value::U32(4),
+            Value::U64(1 << 32),
+        ] {
+            let g = tokenizer_gguf(&p, &[(key, v.clone())]);
+            match Tokenizer::from_gguf(&g).err() {
+                Some(FormatError::Metadata { key: k, path, .. }) => {
+                    assert_eq!((k.as_str(), &path), (key, &p), "{key}={v:?}")
+                }
+                other => panic!("{key}={v:?}: expected Metadata, got {other:?}"),
+            }
+        }
+    }
+    // An empty vocabulary.
+    let g = tokenizer_gguf(&p, &[("tokenizer.ggml.tokens", Value::Array(vec![]))]);
+    assert!(matches!(
+        Tokenizer::from_gguf(&g),
+        Err(FormatError::Metadata { key, .. }) if key == "tokenizer.ggml.tokens"
+    ));
+}
+
+#[test]
+fn hf_tokenizer_errors_name_the_file() {
+    use llada_formats::tokenizer::{ChatTemplate, Tokenizer};
+    let s = Scratch::new("tok-hf");
+    let p = s.path("tokenizer.json");
+    let word_level = |vocab: serde_json::Value| {
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "post_processor": null, "decoder": null,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated",
+                "invert": false},
+            "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": vocab}
+        })
+        .to_string()
+    };
+    // An empty vocabulary: an error at load naming tokenizer.json.
+    std::fs::write(&p, word_level(serde_json::json!({}))).unwrap();
+    match Tokenizer::from_hf_dir(&s.0, &[], ChatTemplate::Raw) {
+        Err(e @ FormatError::Tokenizer { .. }) => {
+            assert!(e.to_string().contains("vocabulary is empty"), "{e}");
+            assert_names_path(&e, &p);
+        }
+        Err(e) => panic!("expected a tokenizer error, got {e}"),
+        Ok(_) => panic!("an empty vocabulary loaded"),
+    }
+    // No [UNK] token: encoding an unknown word fails, naming the file.
+    std::fs::write(&p, word_level(serde_json::json!({"a": 0}))).unwrap();
+    let t = Tokenizer::from_hf_dir(&s.0, &[], ChatTemplate::Raw).unwrap();
+    assert_eq!(t.max_token_id(), Some(0));
+    let e = t.encode("b").expect_err("an unknown word encoded");
+    assert!(e.contains(&p.display().to_string()), "{e}");
+    // tokenizer.json that is a directory.
+    std::fs::remove_file(&p).unwrap();
+    std::fs::create_dir(&p).unwrap();
+    let e = Tokenizer::from_hf_dir(&s.0, &[], ChatTemplate::Raw)
+        .err()
+        .expect("a directory loaded as tokenizer.json");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+    assert_names_path(&e, &p);
 }

@@ -60,6 +60,40 @@ pub struct ModelConfig {
     pub vocab_ids: Option<Vec<u32>>,
 }
 
+/// The keys a config's values came from, for validation messages.
+struct Keys {
+    eps: String,
+    theta: String,
+    mask: String,
+    bos: String,
+    eos: String,
+}
+
+/// A token id read from `key` must be inside the vocabulary of `vocab` tokens.
+fn check_token_id(path: &Path, key: &str, id: u64, vocab: usize) -> Result<(), ModelError> {
+    if id >= vocab as u64 {
+        return Err(FormatError::metadata(
+            path,
+            key,
+            format!(": token id {id} is outside the vocabulary ({vocab} tokens)"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A token id (`u32`) from an integer, or an error naming `key`.
+fn token_id(path: &Path, key: &str, v: u64) -> Result<u32, ModelError> {
+    u32::try_from(v).map_err(|_| {
+        FormatError::metadata(
+            path,
+            key,
+            format!(": token id {v} is out of range (ids are 32-bit)"),
+        )
+        .into()
+    })
+}
+
 impl ModelConfig {
     /// Rows of the embedding / LM-head tensors (`vocab`, or the reduced set plus the shared row).
     pub fn embedding_rows(&self) -> usize {
@@ -87,7 +121,7 @@ impl ModelConfig {
         per_layer * self.n_layers as u64 + emb + if self.tied_embeddings { 0 } else { emb } + d
     }
 
-    fn validate(self, path: &Path) -> Result<Self, ModelError> {
+    fn validate(self, path: &Path, keys: &Keys) -> Result<Self, ModelError> {
         let bad = |what: String| ModelError::Format(FormatError::corrupt(path, what));
         if self.n_layers == 0 || self.n_layers > 1024 {
             return Err(bad(format!("absurd layer count {}", self.n_layers)));
@@ -134,12 +168,28 @@ impl ModelConfig {
                 return Err(bad("reduced_vocab_ids is empty".into()));
             }
         }
-        let ok = self.rms_eps > 0.0 && self.rms_eps < 1.0 && self.rope_theta > 1.0;
-        if !ok {
+        // (NaN fails both comparisons.)
+        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) {
             return Err(bad(format!(
-                "invalid eps {} or rope theta {}",
-                self.rms_eps, self.rope_theta
+                "invalid eps {} ('{}' must be a number in (0, 1))",
+                self.rms_eps, keys.eps
             )));
+        }
+        if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
+            return Err(bad(format!(
+                "invalid rope theta {} ('{}' must be a finite number above 1)",
+                self.rope_theta, keys.theta
+            )));
+        }
+        // Special token ids index the embedding: each must be inside the vocabulary.
+        for (id, key) in [
+            (self.mask_id, &keys.mask),
+            (self.bos_id, &keys.bos),
+            (self.eos_id, &keys.eos),
+        ] {
+            if let Some(id) = id {
+                check_token_id(path, key, id as u64, self.vocab)?;
+            }
         }
         Ok(self)
     }
@@ -163,19 +213,25 @@ impl ModelConfig {
         };
         let k = |s: &str| format!("{arch_s}.{s}");
         let u = |s: &str| g.get_u64(&k(s)).map(|v| v as usize);
+        // Optional keys: absent gives the default, a value of the wrong type is an error.
+        let opt_u = |key: &str| -> Result<Option<u64>, FormatError> {
+            g.get(key)
+                .map(|v| {
+                    v.as_u64().ok_or_else(|| {
+                        FormatError::metadata(&g.path, key, ": not an unsigned integer")
+                    })
+                })
+                .transpose()
+        };
         let d_model = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
-        let n_kv_heads = g
-            .get(&k("attention.head_count_kv"))
-            .and_then(Value::as_u64)
+        let n_kv_heads = opt_u(&k("attention.head_count_kv"))?
             .map(|v| v as usize)
             .unwrap_or(n_heads);
-        let head_dim = g
-            .get(&k("attention.key_length"))
-            .and_then(Value::as_u64)
+        let head_dim = opt_u(&k("attention.key_length"))?
             .map(|v| v as usize)
             .unwrap_or(d_model.checked_div(n_heads).unwrap_or(0));
-        let vocab = match g.get(&k("vocab_size")).and_then(Value::as_u64) {
+        let vocab = match opt_u(&k("vocab_size"))? {
             Some(v) => v as usize,
             None => g
                 .get("tokenizer.ggml.tokens")
@@ -183,7 +239,22 @@ impl ModelConfig {
                 .map(|a| a.len())
                 .ok_or_else(|| FormatError::metadata(&g.path, k("vocab_size"), " is missing"))?,
         };
-        let id = |s: &str| g.get(s).and_then(Value::as_u64).map(|v| v as u32);
+        let id = |key: &str| -> Result<Option<u32>, ModelError> {
+            opt_u(key)?.map(|v| token_id(&g.path, key, v)).transpose()
+        };
+        let theta_key = k("rope.freq_base");
+        let rope_theta = match g.get(&theta_key) {
+            None => 10000.0,
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| FormatError::metadata(&g.path, &theta_key, ": not a number"))?,
+        };
+        let shift_logits = match g.get("diffusion.shift_logits") {
+            None => arch == Arch::Dream,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                FormatError::metadata(&g.path, "diffusion.shift_logits", ": not a boolean")
+            })?,
+        };
         let cfg = ModelConfig {
             arch,
             n_layers: u("block_count")?,
@@ -193,24 +264,25 @@ impl ModelConfig {
             head_dim,
             ffn: u("feed_forward_length")?,
             vocab,
-            rope_theta: g
-                .get(&k("rope.freq_base"))
-                .and_then(Value::as_f64)
-                .unwrap_or(10000.0),
+            rope_theta,
             rms_eps: g.get_f64(&k("attention.layer_norm_rms_epsilon"))?,
             max_ctx: u("context_length")?,
             qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
             tied_embeddings: !g.tensors.contains_key("output.weight"),
-            shift_logits: g
-                .get("diffusion.shift_logits")
-                .and_then(Value::as_bool)
-                .unwrap_or(arch == Arch::Dream),
-            mask_id: id("tokenizer.ggml.mask_token_id"),
-            bos_id: id("tokenizer.ggml.bos_token_id"),
-            eos_id: id("tokenizer.ggml.eos_token_id"),
+            shift_logits,
+            mask_id: id("tokenizer.ggml.mask_token_id")?,
+            bos_id: id("tokenizer.ggml.bos_token_id")?,
+            eos_id: id("tokenizer.ggml.eos_token_id")?,
             vocab_ids: None,
         };
-        cfg.validate(&g.path)
+        let keys = Keys {
+            eps: k("attention.layer_norm_rms_epsilon"),
+            theta: theta_key,
+            mask: "tokenizer.ggml.mask_token_id".into(),
+            bos: "tokenizer.ggml.bos_token_id".into(),
+            eos: "tokenizer.ggml.eos_token_id".into(),
+        };
+        cfg.validate(&g.path, &keys)
     }
 
     /// From an HF `config.json` (real field names of each architecture).
@@ -245,8 +317,67 @@ impl ModelConfig {
                     FormatError::metadata(path, key, " is missing or not an integer").into()
                 })
         };
-        let opt_u = |key: &str| cfg.get(key).and_then(J::as_u64);
-        let opt_f = |key: &str| cfg.get(key).and_then(J::as_f64);
+        // Optional fields: absent or `null` gives the default; present with the wrong type is an
+        // error naming the key (never a silent fallback to the default).
+        let present = |key: &str| cfg.get(key).filter(|v| !v.is_null());
+        let opt_u = |key: &str| -> Result<Option<u64>, ModelError> {
+            present(key)
+                .map(|v| {
+                    v.as_u64().ok_or_else(|| {
+                        FormatError::metadata(path, key, ": not a non-negative integer").into()
+                    })
+                })
+                .transpose()
+        };
+        let opt_f = |key: &str| -> Result<Option<f64>, ModelError> {
+            present(key)
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| FormatError::metadata(path, key, ": not a number").into())
+                })
+                .transpose()
+        };
+        let opt_b = |key: &str| -> Result<Option<bool>, ModelError> {
+            present(key)
+                .map(|v| {
+                    v.as_bool()
+                        .ok_or_else(|| FormatError::metadata(path, key, ": not a boolean").into())
+                })
+                .transpose()
+        };
+        let id = |key: &str| -> Result<Option<u32>, ModelError> {
+            opt_u(key)?.map(|v| token_id(path, key, v)).transpose()
+        };
+        // `eos_token_id` may be a list (LLaMA-3.1 and others): the first is the EOS id, the
+        // others are checked against the vocabulary too.
+        let (eos_id, more_eos) = match present("eos_token_id") {
+            Some(J::Array(a)) => {
+                let ids = a
+                    .iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .ok_or_else(|| {
+                                ModelError::from(FormatError::metadata(
+                                    path,
+                                    "eos_token_id",
+                                    ": not a token id or a list of token ids",
+                                ))
+                            })
+                            .and_then(|v| token_id(path, "eos_token_id", v))
+                    })
+                    .collect::<Result<Vec<u32>, _>>()?;
+                (ids.first().copied(), ids)
+            }
+            Some(v) if !v.is_u64() => {
+                return Err(FormatError::metadata(
+                    path,
+                    "eos_token_id",
+                    ": not a token id or a list of token ids",
+                )
+                .into())
+            }
+            _ => (id("eos_token_id")?, Vec::new()),
+        };
         let vocab_ids: Option<Vec<u32>> = match cfg.get("reduced_vocab_ids") {
             None | Some(J::Null) => None,
             Some(v) => Some(
@@ -265,37 +396,46 @@ impl ModelConfig {
                     })?,
             ),
         };
+        let mut keys = Keys {
+            eps: "rms_norm_eps".into(),
+            theta: "rope_theta".into(),
+            mask: "mask_token_id".into(),
+            bos: "bos_token_id".into(),
+            eos: "eos_token_id".into(),
+        };
         let c = if arch == Arch::LLaDA {
             let d_model = get("d_model")?;
             let n_heads = get("n_heads")?;
+            // LLaDA's checkpoints name their mask token in the code, not always in the config.
+            let mask_id = match id("mask_token_id")? {
+                Some(m) => m,
+                None => {
+                    keys.mask = "mask_token_id (absent: LLaDA's default 126336)".into();
+                    126336
+                }
+            };
             ModelConfig {
                 arch,
                 n_layers: get("n_layers")?,
                 d_model,
                 n_heads,
-                n_kv_heads: opt_u("n_kv_heads").map(|v| v as usize).unwrap_or(n_heads),
+                n_kv_heads: opt_u("n_kv_heads")?.map(|v| v as usize).unwrap_or(n_heads),
                 head_dim: d_model / n_heads.max(1),
                 ffn: get("mlp_hidden_size")?,
-                vocab: opt_u("embedding_size").or(opt_u("vocab_size")).unwrap_or(0) as usize,
-                rope_theta: opt_f("rope_theta").unwrap_or(10000.0),
-                rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-5),
-                max_ctx: opt_u("max_sequence_length").unwrap_or(4096) as usize,
-                qkv_bias: cfg
-                    .get("include_bias")
-                    .and_then(J::as_bool)
-                    .unwrap_or(false)
-                    || cfg
-                        .get("include_qkv_bias")
-                        .and_then(J::as_bool)
-                        .unwrap_or(false),
-                tied_embeddings: cfg
-                    .get("weight_tying")
-                    .and_then(J::as_bool)
-                    .unwrap_or(false),
+                vocab: match opt_u("embedding_size")? {
+                    Some(v) => v,
+                    None => opt_u("vocab_size")?.unwrap_or(0),
+                } as usize,
+                rope_theta: opt_f("rope_theta")?.unwrap_or(10000.0),
+                rms_eps: opt_f("rms_norm_eps")?.unwrap_or(1e-5),
+                max_ctx: opt_u("max_sequence_length")?.unwrap_or(4096) as usize,
+                qkv_bias: opt_b("include_bias")?.unwrap_or(false)
+                    || opt_b("include_qkv_bias")?.unwrap_or(false),
+                tied_embeddings: opt_b("weight_tying")?.unwrap_or(false),
                 shift_logits: false,
-                mask_id: Some(opt_u("mask_token_id").unwrap_or(126336) as u32),
-                bos_id: opt_u("bos_token_id").map(|v| v as u32),
-                eos_id: opt_u("eos_token_id").map(|v| v as u32),
+                mask_id: Some(mask_id),
+                bos_id: id("bos_token_id")?,
+                eos_id,
                 vocab_ids: vocab_ids.clone(),
             }
         } else {
@@ -306,29 +446,30 @@ impl ModelConfig {
                 n_layers: get("num_hidden_layers")?,
                 d_model,
                 n_heads,
-                n_kv_heads: opt_u("num_key_value_heads")
+                n_kv_heads: opt_u("num_key_value_heads")?
                     .map(|v| v as usize)
                     .unwrap_or(n_heads),
-                head_dim: opt_u("head_dim")
+                head_dim: opt_u("head_dim")?
                     .map(|v| v as usize)
                     .unwrap_or(d_model / n_heads.max(1)),
                 ffn: get("intermediate_size")?,
                 vocab: get("vocab_size")?,
-                rope_theta: opt_f("rope_theta").unwrap_or(10000.0),
-                rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6),
-                max_ctx: opt_u("max_position_embeddings").unwrap_or(4096) as usize,
+                rope_theta: opt_f("rope_theta")?.unwrap_or(10000.0),
+                rms_eps: opt_f("rms_norm_eps")?.unwrap_or(1e-6),
+                max_ctx: opt_u("max_position_embeddings")?.unwrap_or(4096) as usize,
                 qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Dream),
-                tied_embeddings: cfg
-                    .get("tie_word_embeddings")
-                    .and_then(J::as_bool)
-                    .unwrap_or(false),
+                tied_embeddings: opt_b("tie_word_embeddings")?.unwrap_or(false),
                 shift_logits: arch == Arch::Dream,
-                mask_id: opt_u("mask_token_id").map(|v| v as u32),
-                bos_id: opt_u("bos_token_id").map(|v| v as u32),
-                eos_id: opt_u("eos_token_id").map(|v| v as u32),
+                mask_id: id("mask_token_id")?,
+                bos_id: id("bos_token_id")?,
+                eos_id,
                 vocab_ids: vocab_ids.clone(),
             }
         };
-        c.validate(path)
+        let c = c.validate(path, &keys)?;
+        for id in more_eos {
+            check_token_id(path, "eos_token_id", id as u64, c.vocab)?;
+        }
+        Ok(c)
     }
 }

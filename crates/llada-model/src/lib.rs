@@ -28,8 +28,16 @@ pub enum ModelError {
     ContextOverflow { pos: u32, ctx: usize },
     #[error("invalid forward request: {0}")]
     BadRequest(String),
+    /// The message carries the backend's error whole; it is not also the error's `source`,
+    /// which `{:#}` (anyhow's chain) would print a second time.
     #[error("compute backend: {0}")]
-    Backend(#[from] candle_core::Error),
+    Backend(candle_core::Error),
     #[error("{0}")]
     Other(String),
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Backend(e)
+    }
 }

@@ -419,6 +419,78 @@ fn matrix(
     )
 }
 
+/// The layer a tensor belongs to under `scheme` (`blk.N.*`, `model.layers.N.*`,
+/// `model.transformer.blocks.N.*`), if it is a layer tensor.
+fn layer_of(scheme: Scheme, name: &str) -> Option<u64> {
+    let prefix = match scheme {
+        Scheme::Gguf => "blk.",
+        Scheme::Hf(Arch::LLaDA) => "model.transformer.blocks.",
+        Scheme::Hf(_) => "model.layers.",
+    };
+    let rest = name.strip_prefix(prefix)?;
+    let (n, _) = rest.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Absurdly long digit strings saturate (still beyond any layer count).
+    Some(n.parse().unwrap_or(u64::MAX))
+}
+
+/// Tensors of layers beyond the config's layer count mean the config and the weights disagree
+/// (the extra layers would be silently ignored): an error naming the first such tensor and the
+/// config key. `config` is the file that holds `key`.
+fn check_no_extra_layers(
+    src: &dyn TensorSource,
+    scheme: Scheme,
+    n_layers: usize,
+    config: &Path,
+    key: &str,
+) -> Result<(), ModelError> {
+    let extra = src
+        .names()
+        .into_iter()
+        .filter_map(|n| layer_of(scheme, &n).map(|l| (l, n)))
+        .filter(|&(l, _)| l >= n_layers as u64)
+        .min();
+    if let Some((layer, name)) = extra {
+        let file = src
+            .get(&name)
+            .map_or_else(|| src.path().to_path_buf(), |v| v.file);
+        return Err(FormatError::corrupt(
+            &file,
+            format!(
+                "tensor '{name}' belongs to layer {layer}, but {} sets {key} = {n_layers} \
+                 (layers 0..{n_layers}): the config and the weights disagree",
+                config.display()
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Every id the tokenizer can produce must index the model's vocabulary; checked at load, so a
+/// mismatched tokenizer fails here (naming its file) rather than mid-generation. `key` is where
+/// says where the ids live in the tokenizer's file.
+fn check_tokenizer_ids(t: &Tokenizer, c: &ModelConfig, what: &str) -> Result<(), ModelError> {
+    match t.max_token_id() {
+        Some(id) if (id as usize) < c.vocab => Ok(()),
+        Some(id) => Err(FormatError::Tokenizer {
+            path: t.path.clone(),
+            what: format!(
+                "{what} holds token id {id}, outside the model's vocabulary ({} tokens)",
+                c.vocab
+            ),
+        }
+        .into()),
+        None => Err(FormatError::Tokenizer {
+            path: t.path.clone(),
+            what: "the vocabulary is empty".into(),
+        }
+        .into()),
+    }
+}
+
 impl Model {
     /// Load a GGUF file or an HF directory.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
@@ -444,11 +516,15 @@ impl Model {
     fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
         let mut g = GgufFile::open(path)?;
         let config = ModelConfig::from_gguf(&g)?;
+        let key = format!("{}.block_count", config.arch.name());
+        check_no_extra_layers(&g, Scheme::Gguf, config.n_layers, path, &key)?;
         let permuted = matches!(config.arch, Arch::Llama | Arch::LLaDA);
         let tokenizer = if opts.no_tokenizer {
             None
         } else {
-            Some(Tokenizer::from_gguf(&g)?)
+            let t = Tokenizer::from_gguf(&g)?;
+            check_tokenizer_ids(&t, &config, "'tokenizer.ggml.tokens'")?;
+            Some(t)
         };
         // The vocabulary's arrays (one `Value` per token and merge) are not read again once
         // the tokenizer and the config are built; the file stays open as the tensor source for
@@ -478,6 +554,18 @@ impl Model {
         let hf = Arc::new(HfDir::open(dir)?);
         let config = ModelConfig::from_hf(&hf.config, &hf.config_path())?;
         let arch = config.arch;
+        let key = if arch == Arch::LLaDA {
+            "n_layers"
+        } else {
+            "num_hidden_layers"
+        };
+        check_no_extra_layers(
+            &*hf,
+            Scheme::Hf(arch),
+            config.n_layers,
+            &hf.config_path(),
+            key,
+        )?;
         let tokenizer = if opts.no_tokenizer || !dir.join("tokenizer.json").exists() {
             None
         } else {
@@ -491,7 +579,9 @@ impl Model {
                     default_system: None,
                 },
             };
-            Some(Tokenizer::from_hf_dir(dir, &eos, default)?)
+            let t = Tokenizer::from_hf_dir(dir, &eos, default)?;
+            check_tokenizer_ids(&t, &config, "its vocabulary")?;
+            Some(t)
         };
         let tensor_types = Self::type_summary(&*hf);
         let (weights, store) = Self::load_weights(hf, &config, opts, Scheme::Hf(arch), false)?;

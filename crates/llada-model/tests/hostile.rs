@@ -456,7 +456,7 @@ fn nonexistent_paths() {
     let s = Scratch::new("nonexistent");
     let p = s.path("model.gguf");
     assert!(
-        matches!(format_err(&p), FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        matches!(format_err(&p), FormatError::Io { err: source, .. } if source.kind() == std::io::ErrorKind::NotFound)
     );
     // An empty directory: no config.json.
     let e = format_err(&s.0);
@@ -954,4 +954,446 @@ fn rejected_request_leaves_cache_untouched() {
         "a bad logit row left {} slots in the cache",
         cache.len()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Special token ids, mistyped optional values, extra layers, tokenizers, I/O messages
+// ---------------------------------------------------------------------------------------------
+
+/// A copy of the fixture directory `name` (config, weights, and the tokenizer when `tokenizer`).
+fn hf_copy_of(name: &str, tag: &str, tokenizer: bool) -> Scratch {
+    let s = Scratch::new(tag);
+    let src = fixtures().join(name);
+    let files: &[&str] = if tokenizer {
+        &["config.json", "model.safetensors", "tokenizer.json"]
+    } else {
+        &["config.json", "model.safetensors"]
+    };
+    for f in files {
+        std::fs::copy(src.join(f), s.path(f)).unwrap();
+    }
+    s
+}
+
+fn assert_names_file(e: &FormatError, p: &Path) {
+    assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+}
+
+/// Loading `dir` fails with a Metadata error on `key`, naming config.json.
+fn expect_config_key(dir: &Scratch, key: &str, what: &str) -> String {
+    match format_err_naming(&dir.0, &dir.path("config.json")) {
+        e @ FormatError::Metadata { .. } => {
+            let FormatError::Metadata { key: k, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(k, key, "{what}: {e}");
+            e.to_string()
+        }
+        e => panic!("{what}: expected Metadata on '{key}', got {e}"),
+    }
+}
+
+#[test]
+fn hf_special_token_ids_must_be_in_the_vocabulary() {
+    // hf-llama: vocabulary of 97 tokens.
+    for (key, val) in [
+        ("mask_token_id", json!(1u64 << 40)), // once truncated to 0 by `as u32`
+        ("mask_token_id", json!(1u64 << 32)),
+        ("mask_token_id", json!(1000)),
+        ("mask_token_id", json!(97)),
+        ("eos_token_id", json!(97)),
+        ("eos_token_id", json!(u64::MAX)),
+        ("bos_token_id", json!(100_000)),
+        ("bos_token_id", json!(-1)),
+        ("bos_token_id", json!("94")),
+        ("eos_token_id", json!(95.5)),
+        ("eos_token_id", json!([95, 97])),
+        ("eos_token_id", json!([95, "96"])),
+    ] {
+        let s = hf_copy("hf-ids");
+        edit_config(&s, |c| {
+            c.insert(key.into(), val.clone());
+        });
+        let msg = expect_config_key(&s, key, &format!("{key}={val}"));
+        if val.as_u64().is_some_and(|v| v < 1 << 32) {
+            assert!(msg.contains("outside the vocabulary (97 tokens)"), "{msg}");
+        }
+    }
+    // In range, `null`, or a list of ids (LLaMA-3.1 style): fine.
+    for (key, val, want) in [
+        ("mask_token_id", json!(96), Some(96)),
+        ("eos_token_id", json!([95, 96]), Some(95)),
+        ("eos_token_id", J::Null, None),
+        ("bos_token_id", J::Null, None),
+    ] {
+        let s = hf_copy("hf-ids-ok");
+        edit_config(&s, |c| {
+            c.insert(key.into(), val.clone());
+        });
+        let m = Model::load(&s.0, &opts()).unwrap();
+        let got = match key {
+            "mask_token_id" => m.config.mask_id,
+            "eos_token_id" => m.config.eos_id,
+            _ => m.config.bos_id,
+        };
+        assert_eq!(got, want, "{key}={val}");
+    }
+    // LLaDA without mask_token_id: the default mask id (126336) is outside a 97-token vocabulary.
+    let s = hf_copy_of("hf-llada", "hf-llada-mask", false);
+    edit_config(&s, |c| {
+        c.remove("mask_token_id");
+    });
+    match format_err_naming(&s.0, &s.path("config.json")) {
+        FormatError::Metadata { key, detail, .. } => {
+            assert!(key.starts_with("mask_token_id"), "{key}");
+            assert!(
+                key.contains("126336") || detail.contains("126336"),
+                "{key}{detail}"
+            );
+        }
+        e => panic!("expected Metadata on mask_token_id, got {e}"),
+    }
+}
+
+#[test]
+fn hf_mistyped_optional_values_are_errors() {
+    for (key, val) in [
+        ("rms_norm_eps", json!("x")),
+        ("rope_theta", json!("10000")),
+        ("rope_theta", json!([10000])),
+        ("num_key_value_heads", json!("2")),
+        ("num_key_value_heads", json!(2.5)),
+        ("head_dim", json!(-32)),
+        ("max_position_embeddings", json!("4096")),
+        ("tie_word_embeddings", json!("true")),
+        ("tie_word_embeddings", json!(1)),
+    ] {
+        let s = hf_copy("hf-types");
+        edit_config(&s, |c| {
+            c.insert(key.into(), val.clone());
+        });
+        expect_config_key(&s, key, &format!("{key}={val}"));
+    }
+    // LLaDA's own field names.
+    for (key, val) in [
+        ("rms_norm_eps", json!({"eps": 1e-5})),
+        ("n_kv_heads", json!("4")),
+        ("weight_tying", json!("no")),
+        ("include_bias", json!(0)),
+        ("embedding_size", json!("97")),
+        ("max_sequence_length", json!(1.5)),
+    ] {
+        let s = hf_copy_of("hf-llada", "hf-llada-types", false);
+        edit_config(&s, |c| {
+            c.insert(key.into(), val.clone());
+        });
+        expect_config_key(&s, key, &format!("{key}={val}"));
+    }
+    // `null` means "absent": the default.
+    let s = hf_copy("hf-types-null");
+    edit_config(&s, |c| {
+        c.insert("rope_theta".into(), J::Null);
+        c.insert("head_dim".into(), J::Null);
+    });
+    let m = Model::load(&s.0, &opts()).unwrap();
+    assert_eq!(m.config.rope_theta, 10000.0);
+    // Out-of-range values name their key.
+    for (key, val) in [("rope_theta", json!(0.5)), ("rms_norm_eps", json!(-1.0))] {
+        let s = hf_copy("hf-types-range");
+        edit_config(&s, |c| {
+            c.insert(key.into(), val.clone());
+        });
+        let e = format_err_naming(&s.0, &s.path("config.json"));
+        assert!(e.to_string().contains(&format!("'{key}'")), "{e}");
+    }
+}
+
+#[test]
+fn gguf_special_ids_and_mistyped_values() {
+    let s = Scratch::new("gguf-ids");
+    let src = fixtures().join("gguf-llama.gguf");
+    let dst = s.path("m.gguf");
+    // (key, value) that must fail with a Metadata error on the key (vocabulary: 97 tokens).
+    for (key, v) in [
+        ("tokenizer.ggml.eos_token_id", Value::U32(97)),
+        ("tokenizer.ggml.eos_token_id", Value::String("95".into())),
+        ("tokenizer.ggml.bos_token_id", Value::U64(1 << 40)),
+        ("tokenizer.ggml.bos_token_id", Value::I32(-1)),
+        ("tokenizer.ggml.mask_token_id", Value::U32(1000)),
+        ("tokenizer.ggml.mask_token_id", Value::F32(3.0)),
+        ("llama.rope.freq_base", Value::String("10000".into())),
+        ("llama.attention.head_count_kv", Value::String("2".into())),
+        ("llama.attention.key_length", Value::F32(32.0)),
+        ("llama.vocab_size", Value::String("97".into())),
+        ("diffusion.shift_logits", Value::String("yes".into())),
+    ] {
+        rewrite_gguf(
+            &src,
+            &dst,
+            |kv| set_kv(kv, key, Some(v.clone())),
+            |_, _| true,
+        );
+        assert_names_file(&format_err(&dst), &dst);
+        // With and without the tokenizer (which reads the token ids too).
+        for o in [opts(), LoadOptions::default()] {
+            match Model::load(&dst, &o) {
+                Err(ModelError::Format(FormatError::Metadata { key: k, .. })) => {
+                    assert_eq!(k, key, "{v:?}")
+                }
+                Err(e) => panic!("{key}={v:?}: expected Metadata, got {e}"),
+                Ok(_) => panic!("{key}={v:?} loaded"),
+            }
+        }
+    }
+    // Non-finite rope theta: an error naming the key.
+    for v in [
+        Value::F32(f32::INFINITY),
+        Value::F64(f64::INFINITY),
+        Value::F64(f64::NAN),
+    ] {
+        rewrite_gguf(
+            &src,
+            &dst,
+            |kv| set_kv(kv, "llama.rope.freq_base", Some(v.clone())),
+            |_, _| true,
+        );
+        match format_err(&dst) {
+            FormatError::Corrupt { what, .. } => {
+                assert!(
+                    what.contains("rope theta") && what.contains("llama.rope.freq_base"),
+                    "{what}"
+                )
+            }
+            e => panic!("freq_base={v:?}: expected Corrupt, got {e}"),
+        }
+    }
+    // In range: loads.
+    rewrite_gguf(
+        &src,
+        &dst,
+        |kv| set_kv(kv, "tokenizer.ggml.eos_token_id", Some(Value::U32(96))),
+        |_, _| true,
+    );
+    let m = Model::load(&dst, &LoadOptions::default()).unwrap();
+    assert_eq!(m.config.eos_id, Some(96));
+    assert!(m.tokenizer.unwrap().stop_ids.contains(&96));
+}
+
+#[test]
+fn layers_beyond_the_config_are_refused() {
+    // HF LLaMA: num_hidden_layers 1 with two layers stored.
+    let s = hf_copy("hf-extra-layers");
+    edit_config(&s, |c| {
+        c.insert("num_hidden_layers".into(), json!(1));
+    });
+    let st = s.path("model.safetensors");
+    match format_err_naming(&s.0, &st) {
+        FormatError::Corrupt { what, path } => {
+            assert_eq!(path, st);
+            assert!(
+                what.contains("'model.layers.1.input_layernorm.weight'")
+                    && what.contains("num_hidden_layers = 1")
+                    && what.contains("config.json"),
+                "{what}"
+            );
+        }
+        e => panic!("expected Corrupt, got {e}"),
+    }
+    // HF LLaDA: n_layers.
+    let s = hf_copy_of("hf-llada", "hf-llada-extra", false);
+    edit_config(&s, |c| {
+        c.insert("n_layers".into(), json!(1));
+    });
+    let e = format_err_naming(&s.0, &s.path("model.safetensors"));
+    assert!(
+        e.to_string()
+            .contains("'model.transformer.blocks.1.attn_norm.weight'")
+            && e.to_string().contains("n_layers = 1"),
+        "{e}"
+    );
+    // GGUF: block_count.
+    let g = Scratch::new("gguf-extra-layers");
+    let dst = g.path("m.gguf");
+    rewrite_gguf(
+        &fixtures().join("gguf-llama.gguf"),
+        &dst,
+        |kv| set_kv(kv, "llama.block_count", Some(Value::U32(1))),
+        |_, _| true,
+    );
+    let e = format_err(&dst);
+    assert!(
+        e.to_string().contains("'blk.1.attn_k.weight'")
+            && e.to_string().contains("llama.block_count = 1"),
+        "{e}"
+    );
+    // A layer far beyond, stored alone: still found.
+    let s = hf_copy("hf-extra-far");
+    edit_weights(&s, |t| {
+        let mut x = t
+            .iter()
+            .find(|x| x.0 == "model.layers.0.input_layernorm.weight")
+            .unwrap()
+            .clone();
+        x.0 = "model.layers.17.input_layernorm.weight".into();
+        t.push(x);
+    });
+    let e = format_err_naming(&s.0, &s.path("model.safetensors"));
+    assert!(
+        e.to_string()
+            .contains("'model.layers.17.input_layernorm.weight'"),
+        "{e}"
+    );
+    // Extra buffers inside the configured layers (older LLaMA checkpoints store
+    // `rotary_emb.inv_freq`) are not layers beyond the config: still fine.
+    let s = hf_copy("hf-inv-freq");
+    edit_weights(&s, |t| {
+        for l in 0..2 {
+            t.push((
+                format!("model.layers.{l}.self_attn.rotary_emb.inv_freq"),
+                "F32".into(),
+                vec![16],
+                vec![0u8; 64],
+            ));
+        }
+    });
+    Model::load(&s.0, &opts()).unwrap();
+}
+
+#[test]
+fn tokenizer_ids_beyond_the_model_vocabulary() {
+    // HF: tokenizer.json with an id the 97-row model does not have.
+    let s = hf_copy_of("hf-llama", "hf-tok-ids", true);
+    let p = s.path("tokenizer.json");
+    let mut t: J = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    t["model"]["vocab"]
+        .as_object_mut()
+        .unwrap()
+        .insert("zzz".into(), json!(100_000));
+    std::fs::write(&p, t.to_string()).unwrap();
+    let full = LoadOptions::default();
+    match Model::load(&s.0, &full) {
+        Err(ModelError::Format(e @ FormatError::Tokenizer { .. })) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&p.display().to_string()), "{msg}");
+            assert!(msg.contains("100000") && msg.contains("97 tokens"), "{msg}");
+        }
+        Err(e) => panic!("expected a tokenizer error, got {e}"),
+        Ok(_) => panic!("a tokenizer with id 100000 loaded for a 97-token model"),
+    }
+    // An empty vocabulary.
+    t["model"]["vocab"] = json!({});
+    t["added_tokens"] = json!([]);
+    std::fs::write(&p, t.to_string()).unwrap();
+    match Model::load(&s.0, &full) {
+        Err(ModelError::Format(e)) => {
+            assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+            assert!(e.to_string().contains("empty"), "{e}");
+        }
+        Err(e) => panic!("expected a format error, got {e}"),
+        Ok(_) => panic!("an empty tokenizer loaded"),
+    }
+    // GGUF: one token more than llama.vocab_size (97).
+    let g = Scratch::new("gguf-tok-ids");
+    let dst = g.path("m.gguf");
+    rewrite_gguf(
+        &fixtures().join("gguf-llama.gguf"),
+        &dst,
+        |kv| {
+            for (k, v) in kv.iter_mut() {
+                if let Value::Array(a) = v {
+                    match k.as_str() {
+                        "tokenizer.ggml.tokens" => a.push(Value::String("zzz-extra".into())),
+                        "tokenizer.ggml.token_type" => a.push(a[0].clone()),
+                        _ => {}
+                    }
+                }
+            }
+        },
+        |_, _| true,
+    );
+    match Model::load(&dst, &full) {
+        Err(ModelError::Format(e @ FormatError::Tokenizer { .. })) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&dst.display().to_string()), "{msg}");
+            assert!(
+                msg.contains("tokenizer.ggml.tokens") && msg.contains("97"),
+                "{msg}"
+            );
+        }
+        Err(e) => panic!("expected a tokenizer error, got {e}"),
+        Ok(_) => panic!("98 tokens loaded for a 97-token model"),
+    }
+}
+
+/// Every checkpoint the project ships or tests with still loads, tokenizer included.
+#[test]
+fn shipped_models_and_fixtures_load_with_their_tokenizers() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join("models"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("config.json").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    for f in [
+        "hf-llama",
+        "hf-qwen2",
+        "hf-llada",
+        "hf-dream",
+        "gguf-llama.gguf",
+        "gguf-llama-q8.gguf",
+        "gguf-llama-q4_1.gguf",
+        "gguf-qwen2.gguf",
+        "gguf-llada.gguf",
+        "gguf-dream.gguf",
+    ] {
+        paths.push(fixtures().join(f));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let smol = PathBuf::from(home).join(".cache/llada/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if smol.exists() {
+            paths.push(smol);
+        }
+    }
+    for p in paths {
+        let m = Model::load(&p, &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{} no longer loads: {e}", p.display()));
+        if let Some(t) = &m.tokenizer {
+            assert!(
+                (t.max_token_id().unwrap() as usize) < m.config.vocab,
+                "{}",
+                p.display()
+            );
+        }
+    }
+}
+
+/// An I/O error's message is printed once by `{:#}` (anyhow's chain), as the CLI prints it.
+#[test]
+fn io_errors_print_their_message_once() {
+    let s = Scratch::new("io-once");
+    for (p, want) in [
+        (s.0.clone(), "No such file or directory"), // no config.json
+        (s.path("model.gguf"), "No such file or directory"), // missing file
+        (PathBuf::from("/dev/null"), "is not a regular file"), // a device
+    ] {
+        if !p.exists() && want != "No such file or directory" {
+            continue;
+        }
+        let e = match Model::load(&p, &opts()) {
+            Err(e) => anyhow::Error::from(e),
+            Ok(_) => panic!("{} loaded", p.display()),
+        };
+        let text = format!("{e:#}");
+        assert_eq!(text.matches(want).count(), 1, "{text}");
+        assert!(!text.contains("os error 19"), "{text}");
+    }
+    // A model.safetensors that is a directory.
+    let d = hf_copy("io-dir");
+    std::fs::remove_file(d.path("model.safetensors")).unwrap();
+    std::fs::create_dir(d.path("model.safetensors")).unwrap();
+    let text = format!("{:#}", anyhow::Error::from(load_err(&d.0)));
+    assert!(text.contains("model.safetensors: is a directory"), "{text}");
 }
