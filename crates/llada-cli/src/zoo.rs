@@ -50,7 +50,7 @@ pub struct TrainArgs {
     /// Seed of the initialisation, the data and the masks (a run is reproducible from it).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Continue from the checkpoint in the output directory.
+    /// Continue from the checkpoint in the output directory (an error when it holds none).
     #[arg(long)]
     resume: bool,
     /// Restrict task models to these tasks (comma-separated: add,sort,rev,cumsum,multi). A task
@@ -285,6 +285,35 @@ impl TrainArgs {
         if self.minutes.is_none() {
             opts.time_budget_s = Some(55.0 * 60.0);
         }
+    }
+
+    /// The numeric options no run can use, refused before any work (the rest are checked
+    /// where they are used, and [`TrainOptions::validate`] checks the assembled options).
+    fn check_numbers(&self) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            bail!(
+                "--lr {}: the learning rate must be a finite number > 0",
+                self.lr
+            );
+        }
+        if self.steps == Some(0) {
+            bail!("--steps must be at least 1 (a run of 0 steps trains nothing)");
+        }
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if self.checkpoint_every == 0 {
+            bail!("--checkpoint-every must be at least 1");
+        }
+        if let Some(m) = self.minutes {
+            if !(m.is_finite() && m > 0.0) {
+                bail!("--minutes {m}: the time budget must be a finite number of minutes > 0");
+            }
+        }
+        if !(self.max_scale > 0.0 && self.max_scale <= 1.0) {
+            bail!("--max-scale {}: must be in (0, 1]", self.max_scale);
+        }
+        Ok(())
     }
 
     /// Optimizer options from the flags, with the preset's default step count.
@@ -1295,6 +1324,13 @@ fn keep_freed_pages() {
 
 pub fn train(a: TrainArgs) -> Result<()> {
     keep_freed_pages();
+    a.check_numbers()?;
+    // The output directory is checked before any work (tokenizing, labelling, training).
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
+    llada_train::trainer::check_out_dir(&out, a.resume)?;
     if a.distill.is_some() && a.preset != "smollm2-draft" {
         bail!("--distill applies to drafts (--preset smollm2-draft)");
     }
@@ -1345,18 +1381,10 @@ pub fn train(a: TrainArgs) -> Result<()> {
                 a.preset
             );
         }
-        let out = a
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
         return train_prose(&a, &out);
     }
     let (mut spec, steps) = task_preset(&a.preset)?;
     a.override_spec(&mut spec)?;
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("models").join(&a.preset));
     // The cards' recipe is the default of the two diffusion task presets (a bare `llada train
     // --preset tiny-llada-tasks` re-trains the shipped model); every part can be overridden.
     let card = matches!(a.preset.as_str(), "tiny-llada-tasks" | "tiny-dream-tasks");
@@ -1364,11 +1392,9 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if card {
         a.card_budget(&mut opts);
     }
+    opts.validate()?;
     let tasks = known_names(&a.tasks, &TASKS, "task")?;
     let multi_tasks = known_names(&a.multi_tasks, &MULTI_SUBTASKS, "--multi-tasks item")?;
-    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
-        bail!("--max-scale must be in (0, 1]");
-    }
     let (structured, ar_warmup) = (
         a.structured_masks.unwrap_or(0.5),
         // LLaDA's two-stream warm-up step costs ≈ 1.8 diffusion steps: a shorter warm-up leaves
@@ -1890,13 +1916,33 @@ fn argmax_rows(out: &llada_model::ForwardOutput, rows: usize) -> Vec<u32> {
 /// The held-out Austen windows both draft evaluations score on (64 tokens, fixed seed).
 fn draft_eval_windows(model: &Model, n: usize) -> Result<Vec<Vec<u32>>> {
     let tok = model.tokenizer.as_ref().context("no tokenizer")?;
-    let corpus = llada_train::prose::Corpus::load(
-        &[std::path::Path::new("data/austen.txt")],
-        &tok.inner,
-        model.config.eos_id.unwrap_or(0),
-    )?;
+    let file = std::path::Path::new("data/austen.txt");
+    let corpus =
+        llada_train::prose::Corpus::load(&[file], &tok.inner, model.config.eos_id.unwrap_or(0))?;
+    check_windows(&corpus, n, 64, &file.display().to_string())?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
     Ok(corpus.windows(true, n, 64, &mut rng))
+}
+
+/// `--windows n` against the `t`-token windows the held-out split of `corpus` (read from
+/// `source`) has: the windows are drawn at random starts, so there are as many distinct ones
+/// as starts; asking for more only repeats them (`--windows 100000000` allocated until the
+/// kernel killed the process), and a split shorter than one window has none.
+fn check_windows(
+    corpus: &llada_train::prose::Corpus,
+    n: usize,
+    t: usize,
+    source: &str,
+) -> Result<()> {
+    let have = corpus.window_count(true, t);
+    if n > have {
+        bail!(
+            "--windows {n}: the held-out split of {source} ({} tokens) has {have} distinct \
+             windows of {t} tokens; ask for at most {have}",
+            corpus.heldout.len()
+        );
+    }
+    Ok(())
 }
 
 /// Print a draft evaluation (`--json` or text); `note` qualifies the token count.
@@ -1932,7 +1978,18 @@ fn report_draft_eval(
 /// drafted tokens (mean drafted tokens accepted per verification).
 fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Result<()> {
     let tpath = crate::models::resolve(target_name, a.json)?;
-    let target = Model::load(&tpath, &LoadOptions::default())?;
+    let target = Model::load(&tpath, &LoadOptions::default())
+        .with_context(|| format!("loading {}", tpath.display()))?;
+    // `llada generate --draft`'s check (spec.rs): token ids mean the same in both models only
+    // with one tokenizer.
+    if draft.config.vocab != target.config.vocab {
+        bail!(
+            "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
+            a.model.display(),
+            draft.config.vocab,
+            target.config.vocab
+        );
+    }
     let windows = draft_eval_windows(draft, a.windows)?;
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut accepted, mut verifies) = (0usize, 0usize);
@@ -2073,6 +2130,8 @@ fn eval_prose(a: &EvalArgs, m: &Model, lane: &Lane) -> Result<()> {
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, m.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    check_windows(&corpus, a.windows, 128, &names.join(" + "))?;
     let windows = corpus.windows(true, a.windows, 128, &mut rng);
     let mut sum = 0f64;
     let mut n = 0usize;
@@ -2143,7 +2202,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             "--per-task and --windows must be at least 1 (an evaluation of nothing scores nothing)"
         );
     }
-    let threads = crate::threads_or_all(a.threads);
+    let threads = crate::threads(a.threads)?;
+    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
+        bail!("--max-scale {}: must be in (0, 1]", a.max_scale);
+    }
     if let (Some(t), Some("safetensors")) =
         (&a.target, a.model.extension().and_then(|e| e.to_str()))
     {
@@ -2176,10 +2238,13 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     } else {
         known_names(&a.tasks, &TASKS, "task")?
     };
-    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
-        bail!("--max-scale must be in (0, 1]");
-    }
-    let split = held_out_tasks(a.per_task, &tasks, a.max_scale);
+    let split = held_out_tasks(a.per_task, &tasks, a.max_scale).with_context(|| {
+        format!(
+            "--max-scale {} is too small for the held-out split (drawn for every task, \
+                 whatever --tasks lists)",
+            a.max_scale
+        )
+    })?;
     if let AnswerRegion::Fixed(n) = a.answer_region {
         if let Some(ex) = split.iter().max_by_key(|ex| ex.answer.len()) {
             let need = ex.answer.len() + 1;

@@ -71,6 +71,17 @@ impl Corpus {
         Ok(Self { train, heldout })
     }
 
+    /// How many distinct windows of `t` tokens [`Corpus::windows`] draws from (0 when the
+    /// stream is shorter than one window).
+    pub fn window_count(&self, heldout: bool, t: usize) -> usize {
+        let src = if heldout { &self.heldout } else { &self.train };
+        if t == 0 || src.len() < t {
+            0
+        } else {
+            src.len().saturating_sub(t + 1).max(1)
+        }
+    }
+
     /// `b` random windows of `t` tokens.
     pub fn windows(&self, heldout: bool, b: usize, t: usize, rng: &mut impl Rng) -> Vec<Vec<u32>> {
         let src = if heldout { &self.heldout } else { &self.train };

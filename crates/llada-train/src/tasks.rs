@@ -187,8 +187,27 @@ impl TaskGen {
     }
 
     /// Next example of a random task (or of `task`).
+    ///
+    /// # Panics
+    ///
+    /// When no prompt of this split turns up in [`MAX_DRAWS`] draws ([`TaskGen::try_next`]'s
+    /// error): a length scale too small for the split. Lengths that come from a user (`llada
+    /// train` and `llada eval --max-scale`) go through [`TaskGen::try_next`] instead.
     pub fn next(&mut self, task: Option<&'static str>) -> Example {
-        loop {
+        match self.try_next(task) {
+            Ok(e) => e,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Next example of a random task (or of `task`), or an error when [`MAX_DRAWS`] draws in a
+    /// row all fell in the other split. At small length scales a task has only a handful of
+    /// distinct prompts (`--max-scale 0.05`: ten running sums of one digit), and none of them
+    /// may hash into this split's buckets; unbounded, the redraws never ended. Whenever an
+    /// example is found it is the one [`TaskGen::next`] always drew: the stream of a seed is
+    /// unchanged.
+    pub fn try_next(&mut self, task: Option<&'static str>) -> anyhow::Result<Example> {
+        for _ in 0..MAX_DRAWS {
             let t = task.unwrap_or_else(|| self.tasks[self.rng.random_range(0..self.tasks.len())]);
             let (prompt, answer) = if t == "multi" {
                 let mut ps = vec![];
@@ -205,15 +224,35 @@ impl TaskGen {
             };
             let prompt = format!("{prompt}=");
             if is_held_out(&prompt) == self.held_out {
-                return Example {
+                return Ok(Example {
                     task: t,
                     prompt,
                     answer,
-                };
+                });
             }
         }
+        let what = match task {
+            Some(t) => format!("task {t}"),
+            None => format!("tasks {}", self.tasks.join(",")),
+        };
+        anyhow::bail!(
+            "no {} example of {what} at length scale {} in {MAX_DRAWS} draws: at this scale \
+             the task has too few distinct prompts for the split (a fixed 1 in 16 of them is \
+             held out); use a larger length scale (--max-scale)",
+            if self.held_out {
+                "held-out"
+            } else {
+                "training"
+            },
+            self.scale
+        )
     }
 }
+
+/// Draws [`TaskGen::try_next`] makes before it gives up: at full lengths a held-out draw
+/// succeeds with probability ≈ 1/16, so 10⁵ failures in a row (probability ≈ e⁻⁶⁴⁵⁴) mean the
+/// scale leaves the split empty, not bad luck; they take ≈ 0.1 s.
+pub const MAX_DRAWS: usize = 100_000;
 
 /// The fixed held-out split: `n` examples per task.
 pub fn held_out_split(n: usize) -> Vec<Example> {
@@ -222,27 +261,50 @@ pub fn held_out_split(n: usize) -> Vec<Example> {
 
 /// `n` held-out examples of each of `tasks` with lengths scaled by `scale` (experiments on
 /// shorter tasks; `held_out_split` is the reported split).
+///
+/// # Panics
+///
+/// When `scale` leaves a task without held-out prompts ([`try_held_out_subset`] returns the
+/// error instead).
 pub fn held_out_subset(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Example> {
+    match try_held_out_subset(n, tasks, scale) {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`held_out_subset`], or an error when `scale` is too small for some task to have held-out
+/// prompts ([`TaskGen::try_next`]).
+pub fn try_held_out_subset(
+    n: usize,
+    tasks: &[&'static str],
+    scale: f64,
+) -> anyhow::Result<Vec<Example>> {
     let mut g = TaskGen::new(0x5eed_0fe1d, true);
     g.scale = scale;
     let mut v = vec![];
     for &t in tasks {
         for _ in 0..n {
-            v.push(g.next(Some(t)));
+            v.push(g.try_next(Some(t))?);
         }
     }
-    v
+    Ok(v)
 }
 
 /// The held-out examples of `tasks` *as they appear in the full split* of `n` per task (at
 /// length scale `scale`): `llada eval --tasks rev` scores the same reversals as the rev
 /// column of a full `llada eval`. (`held_out_subset` draws the listed tasks from one
-/// generator in turn, so a task's examples depend on which tasks precede it.)
-pub fn held_out_tasks(n: usize, tasks: &[&'static str], scale: f64) -> Vec<Example> {
-    held_out_subset(n, &TASKS, scale)
+/// generator in turn, so a task's examples depend on which tasks precede it.) An error when
+/// `scale` is too small for any task of the full split to have held-out prompts.
+pub fn held_out_tasks(
+    n: usize,
+    tasks: &[&'static str],
+    scale: f64,
+) -> anyhow::Result<Vec<Example>> {
+    Ok(try_held_out_subset(n, &TASKS, scale)?
         .into_iter()
         .filter(|e| tasks.contains(&e.task))
-        .collect()
+        .collect())
 }
 
 /// Character-level score of an answer: `(matches, total)`, where `matches` counts the positions
@@ -493,7 +555,7 @@ mod tests {
     fn a_task_alone_gets_its_examples_of_the_full_split() {
         let full = held_out_split(6);
         for t in TASKS {
-            let alone = held_out_tasks(6, &[t], 1.0);
+            let alone = held_out_tasks(6, &[t], 1.0).unwrap();
             let col: Vec<_> = full.iter().filter(|e| e.task == t).cloned().collect();
             assert_eq!(alone, col, "{t}");
             assert_eq!(alone.len(), 6);
@@ -501,8 +563,80 @@ mod tests {
         // Not what a generator started at the task gives (the reason for the function).
         assert_ne!(
             held_out_subset(6, &["rev"], 1.0),
-            held_out_tasks(6, &["rev"], 1.0)
+            held_out_tasks(6, &["rev"], 1.0).unwrap()
         );
+    }
+
+    /// At a length scale that leaves a task no held-out prompt (`--max-scale 0.05`: ten
+    /// one-digit running sums, none in the held-out bucket), the draw ends with an error that
+    /// names the task and the scale, instead of redrawing forever.
+    #[test]
+    fn a_scale_without_held_out_prompts_is_an_error() {
+        let t0 = std::time::Instant::now();
+        let mut g = TaskGen::new(0x5eed_0fe1d, true);
+        g.scale = 0.05;
+        let err = g.try_next(Some("cumsum")).unwrap_err().to_string();
+        assert!(err.contains("task cumsum") && err.contains("0.05"), "{err}");
+        assert!(err.contains("--max-scale"), "{err}");
+        let mut g = TaskGen::new(3, true);
+        g.scale = 0.05;
+        g.tasks = vec!["cumsum"];
+        let err = g.try_next(None).unwrap_err().to_string();
+        assert!(err.contains("tasks cumsum"), "{err}");
+        let err = held_out_tasks(1, &["rev"], 0.03).unwrap_err().to_string();
+        assert!(err.contains("held-out"), "{err}");
+        assert!(held_out_tasks(1, &["rev"], 0.3).is_ok());
+        assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+    }
+
+    /// The bound changes no stream: where `next` returned, `try_next` returns the same
+    /// examples in the same order (both splits, every task, narrow bands included), and the
+    /// held-out split is the one the shipped cards were evaluated on.
+    #[test]
+    fn bounded_draws_keep_the_stream_of_a_seed() {
+        /// The unbounded loop of the generator before the bound, as it was.
+        fn unbounded(g: &mut TaskGen, task: Option<&'static str>) -> Example {
+            loop {
+                let t = task.unwrap_or_else(|| g.tasks[g.rng.random_range(0..g.tasks.len())]);
+                let (prompt, answer) = if t == "multi" {
+                    let mut ps = vec![];
+                    let mut ans = vec![];
+                    for i in 1..=MULTI_QUESTIONS {
+                        let sub = g.multi_tasks[g.rng.random_range(0..g.multi_tasks.len())];
+                        let (p, a) = one(&mut g.rng, sub, g.scale, g.lo);
+                        ps.push(format!("{i}>{p:>MULTI_SLOT$}"));
+                        ans.push(format!("{i}>{a:<MULTI_SLOT$}"));
+                    }
+                    (ps.join(";"), ans.join(";"))
+                } else {
+                    one(&mut g.rng, t, g.scale, g.lo)
+                };
+                let prompt = format!("{prompt}=");
+                if is_held_out(&prompt) == g.held_out {
+                    return Example {
+                        task: t,
+                        prompt,
+                        answer,
+                    };
+                }
+            }
+        }
+        for held_out in [false, true] {
+            for (scale, lo) in [(1.0, 0.0), (0.3, 0.0), (0.5, 0.75)] {
+                let (mut a, mut b) = (TaskGen::new(42, held_out), TaskGen::new(42, held_out));
+                for g in [&mut a, &mut b] {
+                    g.scale = scale;
+                    g.lo = lo;
+                }
+                for k in 0..200 {
+                    let task = [None, Some(TASKS[k % TASKS.len()])][k % 2];
+                    assert_eq!(a.try_next(task).unwrap(), unbounded(&mut b, task));
+                }
+            }
+        }
+        let mut g = TaskGen::new(0x5eed_0fe1d, true);
+        let first = g.next(Some("add"));
+        assert_eq!(first, held_out_split(1)[0]);
     }
 
     #[test]

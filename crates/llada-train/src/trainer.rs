@@ -8,7 +8,7 @@ use crate::objective::{
 };
 use crate::tasks::{Example, TaskGen};
 use crate::vocab::CharVocab;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::SeedableRng;
@@ -48,6 +48,80 @@ pub struct TrainOptions {
 
 fn one() -> usize {
     1
+}
+
+impl TrainOptions {
+    /// Refuses options no run can use, before any work: no steps, an empty batch, a learning
+    /// rate that is not a finite number ≥ 0 (NaN trained NaN weights and saved them over the
+    /// checkpoint it resumed), a time budget that is not a finite positive number, β₂ outside
+    /// (0, 1). The messages name the `llada train` options.
+    pub fn validate(&self) -> Result<()> {
+        if self.steps == 0 {
+            bail!("--steps must be at least 1 (a run of 0 steps trains nothing)");
+        }
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            bail!(
+                "--lr {}: the learning rate must be a finite number ≥ 0",
+                self.lr
+            );
+        }
+        if self.checkpoint_every == 0 {
+            bail!("--checkpoint-every must be at least 1");
+        }
+        if !(self.curriculum.is_finite() && self.curriculum >= 0.0) {
+            bail!(
+                "--curriculum {}: must be a finite fraction ≥ 0",
+                self.curriculum
+            );
+        }
+        if let Some(b) = self.time_budget_s {
+            if !(b.is_finite() && b > 0.0) {
+                bail!(
+                    "--minutes {}: the time budget must be a finite number of minutes > 0",
+                    b / 60.0
+                );
+            }
+        }
+        if self.data_parallel == 0 {
+            bail!("--data-parallel must be at least 1");
+        }
+        if !(self.beta2 > 0.0 && self.beta2 < 1.0) {
+            bail!("--beta2 {}: must be in (0, 1)", self.beta2);
+        }
+        Ok(())
+    }
+}
+
+/// Checks an output directory before any work: `out` must not be a file (nor lie under one),
+/// and with `resume` it must hold a checkpoint (`train_state.json`) to continue from. Creates
+/// nothing.
+pub fn check_out_dir(out: &Path, resume: bool) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "the output directory {} is a file, not a directory (give --out a directory)",
+            out.display()
+        );
+    }
+    if let Some(a) = out.ancestors().skip(1).find(|a| a.exists()) {
+        if !a.is_dir() {
+            bail!(
+                "the output directory {} cannot be created: {} is a file",
+                out.display(),
+                a.display()
+            );
+        }
+    }
+    if resume && !out.join("train_state.json").exists() {
+        bail!(
+            "--resume: {} holds no checkpoint to continue (no train_state.json); leave out \
+             --resume to start a new run there",
+            out.display()
+        );
+    }
+    Ok(())
 }
 
 fn beta2_default() -> f64 {
@@ -444,7 +518,9 @@ impl DataSource for TaskData {
             }
             task
         };
-        let mut ex: Vec<Example> = (0..self.batch).map(|_| gen.next(task)).collect();
+        let mut ex: Vec<Example> = (0..self.batch)
+            .map(|_| gen.try_next(task))
+            .collect::<Result<_>>()?;
         let ar = !heldout && progress < self.ar_warmup;
         let pad = if heldout || ar { 0 } else { self.pad_answers };
         // Random EOS tails: diffusion training rows with hidden padding only (a row's region
@@ -510,7 +586,9 @@ impl DataSource for TaskData {
         for t in tasks {
             let mut gen = TaskGen::new(self.seed ^ 0xabcdef, true);
             gen.scale = self.max_scale;
-            let mut ex: Vec<Example> = (0..4 * per).map(|_| gen.next(Some(t))).collect();
+            let mut ex: Vec<Example> = (0..4 * per)
+                .map(|_| gen.try_next(Some(t)))
+                .collect::<Result<_>>()?;
             ex.sort_by_key(|e| e.prompt.len() + e.answer.len());
             for band in ex.chunks(per) {
                 out.push(encode(
@@ -850,7 +928,8 @@ pub fn learning_rate(opts: &TrainOptions, step: usize, progress: f64) -> f64 {
     opts.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p).cos()))
 }
 
-/// Train a task model; resumes from `out` when it holds a checkpoint and `resume` is set.
+/// Train a task model; with `resume`, continues from the checkpoint in `out` (an error when
+/// there is none).
 pub fn train_tasks(
     spec: ModelSpec,
     opts: TrainOptions,
@@ -905,7 +984,10 @@ fn load_weights(model: &TrainModel, dir: &Path, dev: &Device) -> Result<()> {
     Ok(())
 }
 
-/// Train on any data source; checkpoints go to `out` (resumable with `resume`).
+/// Train on any data source; checkpoints go to `out` (resumable with `resume`: an error when
+/// `out` holds no checkpoint). Returns the state of the last checkpoint. A step whose loss is
+/// not finite, or a checkpoint whose held-out loss is not, stops the run with an error before
+/// anything is saved: the previous checkpoint stays as it was.
 pub fn train(
     spec: ModelSpec,
     opts: TrainOptions,
@@ -914,31 +996,23 @@ pub fn train(
     quiet: bool,
     data: &mut dyn DataSource,
 ) -> Result<TrainState> {
+    opts.validate()?;
+    check_out_dir(out, resume)?;
     let dev = Device::Cpu;
     let model = TrainModel::new(spec, &dev, opts.seed)?;
     let state_path = out.join("train_state.json");
     let mut start = 0;
     let mut wall0 = 0.0;
     let mut tokens: u64 = 0;
-    if resume && state_path.exists() {
-        let text = std::fs::read_to_string(&state_path)
-            .with_context(|| format!("reading {}", state_path.display()))?;
-        // A checkpoint trained by scripts/train_tasks_torch.py has a state file of its own
-        // (steps, options, no AdamW step counter in our layout): say so instead of serde's
-        // "missing field".
-        let st: TrainState = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not a `llada train` state, so {} cannot be resumed (was it written by \
-                 scripts/train_tasks_torch.py? Its weights can be fine-tuned with --init-from \
-                 into another --out directory)",
-                state_path.display(),
-                out.display()
-            )
-        })?;
+    // The state of the last checkpoint (the resumed one until this run saves its own).
+    let mut last: Option<TrainState> = None;
+    if resume {
+        let st = read_state(&state_path, out)?;
         load_weights(&model, out, &dev)?;
         start = st.step;
         wall0 = st.wall_s;
         tokens = st.tokens;
+        last = Some(st);
         if !quiet {
             eprintln!("resuming from step {start} (AdamW moments restart)");
         }
@@ -984,7 +1058,24 @@ pub fn train(
     };
     // The source sees the held-out losses before the first step (a resumed run's weights
     // are those of its last checkpoint) and at every checkpoint.
-    let log_line = data.observe_heldout(&heldout_losses(&model)?);
+    let initial = heldout_losses(&model)?;
+    if initial.iter().any(|l| !l.is_finite()) {
+        bail!(
+            "the held-out loss of the starting weights ({}) is not finite: they cannot be trained",
+            if resume {
+                format!("the checkpoint in {}", out.display())
+            } else if let Some(dir) = &opts.init_from {
+                format!("{}", dir.display())
+            } else {
+                "the seeded initialisation".to_string()
+            }
+        );
+    }
+    // Created before the first step, so that an unwritable place fails before the training
+    // rather than at its first checkpoint.
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the output directory {}", out.display()))?;
+    let log_line = data.observe_heldout(&initial);
     if let (Some(line), false) = (log_line, quiet) {
         pb.suspend(|| eprintln!("{line}"));
     }
@@ -999,6 +1090,10 @@ pub fn train(
         opt.set_learning_rate(lr);
         let ntok = batch.tokens;
         let (l, mut grads) = dp.loss_and_grads(&model, &batch)?;
+        if !l.is_finite() {
+            pb.abandon();
+            bail!("{}", diverged(step + 1, "training", l, out, last.as_ref()));
+        }
         clip_grad_norm(&model, &mut grads, GRAD_CLIP)?;
         opt.step(&grads)?;
         tokens += ntok as u64;
@@ -1017,9 +1112,20 @@ pub fn train(
             .time_budget_s
             .is_some_and(|b| wall0 + t0.elapsed().as_secs_f64() >= b);
         if (step + 1) % opts.checkpoint_every == 0 || step + 1 == opts.steps || out_of_time {
-            save_with(&model, &*data, out)?;
+            // Measured before saving: weights that a step has made non-finite must not
+            // replace the previous checkpoint.
             let losses = heldout_losses(&model)?;
             let hl = losses.iter().sum::<f64>() / heldout.len().max(1) as f64;
+            if !hl.is_finite() || !ema.is_finite() {
+                pb.abandon();
+                let (what, l) = if hl.is_finite() {
+                    ("training", ema)
+                } else {
+                    ("held-out", hl)
+                };
+                bail!("{}", diverged(step + 1, what, l, out, last.as_ref()));
+            }
+            save_with(&model, &*data, out)?;
             let by_task = data.observe_heldout(&losses);
             let st = TrainState {
                 step: step + 1,
@@ -1029,7 +1135,9 @@ pub fn train(
                 tokens,
                 options: opts.clone(),
             };
-            std::fs::write(&state_path, serde_json::to_string_pretty(&st)?)?;
+            std::fs::write(&state_path, serde_json::to_string_pretty(&st)?)
+                .with_context(|| format!("writing {}", state_path.display()))?;
+            last = Some(st);
             // The bar is invisible when stderr is a file (a background run): log a line.
             if !quiet && !std::io::stderr().is_terminal() {
                 eprintln!(
@@ -1057,6 +1165,52 @@ pub fn train(
         }
     }
     pb.finish();
-    let st: TrainState = serde_json::from_str(&std::fs::read_to_string(&state_path)?)?;
-    Ok(st)
+    // Every run saves at its last step; a resumed run that had already reached `opts.steps`
+    // ran none and reports its checkpoint.
+    last.with_context(|| format!("no checkpoint was written to {}", out.display()))
+}
+
+/// The error of a run whose `what` loss ("training" or "held-out") became `loss` at `step`.
+fn diverged(step: usize, what: &str, loss: f64, out: &Path, last: Option<&TrainState>) -> String {
+    let kept = match last {
+        Some(st) => format!("{} keeps its checkpoint of step {}", out.display(), st.step),
+        None => format!("no checkpoint was written to {}", out.display()),
+    };
+    format!(
+        "the loss diverged at step {step} ({what} loss {loss}): stopped without saving, so \
+         {kept}; a lower learning rate (--lr) may help"
+    )
+}
+
+/// The state of the checkpoint in `out` (`state_path`, its `train_state.json`), or an error
+/// that says why it cannot be resumed.
+fn read_state(state_path: &Path, out: &Path) -> Result<TrainState> {
+    let text = std::fs::read_to_string(state_path)
+        .with_context(|| format!("reading {}", state_path.display()))?;
+    let err = match serde_json::from_str::<TrainState>(&text) {
+        Ok(st) => return Ok(st),
+        Err(e) => e,
+    };
+    // A diverged run of an older `llada train` saved NaN weights with `"loss": null`.
+    let v: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+    if v.as_ref()
+        .is_some_and(|v| v.get("options").is_some() && v.get("loss").is_some_and(|l| l.is_null()))
+    {
+        bail!(
+            "{} records a diverged run (\"loss\": null): the checkpoint in {} holds no usable \
+             weights and cannot be resumed; start a new run without --resume",
+            state_path.display(),
+            out.display()
+        );
+    }
+    // A checkpoint trained by scripts/train_tasks_torch.py has a state file of its own
+    // (steps, options, no AdamW step counter in our layout): say so instead of serde's
+    // "missing field".
+    Err(anyhow::Error::new(err).context(format!(
+        "{} is not a `llada train` state, so {} cannot be resumed (was it written by \
+         scripts/train_tasks_torch.py? Its weights can be fine-tuned with --init-from into \
+         another --out directory)",
+        state_path.display(),
+        out.display()
+    )))
 }
