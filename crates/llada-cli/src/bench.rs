@@ -1,7 +1,7 @@
 //! `llada bench MODEL`: prefill and decode speed, the memory-bandwidth floor measured in the same
 //! run, and quantized matmul throughput (ours vs candle's) for the model's quant types.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{Device, Module, Tensor};
 use clap::Args;
 use llada_decode::{generate, GenerateConfig};
@@ -168,18 +168,52 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
     Ok(rows)
 }
 
+/// Largest matmul rows and size `llada bench` measures (an 8192² f32 weight is 256 MB).
+const MAX_MATMUL: usize = 8192;
+
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.sub {
         Some(BenchCmd::Diffusion(d)) => return crate::bench_diffusion::run(d),
         Some(BenchCmd::Spec(s)) => return crate::spec::bench(s),
         None => {}
     }
+    if a.reps == 0 || a.prompt_tokens == 0 {
+        bail!("--reps and --prompt-tokens must be at least 1");
+    }
+    if a.gen_tokens < 2 {
+        bail!("--gen-tokens must be at least 2 (the first token comes from the prefill)");
+    }
+    if !a.no_matmul {
+        if let Some(m) = a.matmul_m.iter().find(|m| !(1..=MAX_MATMUL).contains(*m)) {
+            bail!("--matmul-m {m}: rows must be between 1 and {MAX_MATMUL}");
+        }
+        if !(32..=MAX_MATMUL).contains(&a.matmul_size) || !a.matmul_size.is_multiple_of(32) {
+            bail!(
+                "--matmul-size {}: a multiple of 32 between 32 and {MAX_MATMUL}",
+                a.matmul_size
+            );
+        }
+    }
+    if let Some(t) = &a.trace {
+        crate::check_output_file(t, "--trace")?;
+    }
+    let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.model, a.json)?;
     let model = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;
-    let threads = crate::threads_or_all(a.threads).max(1);
+    // The prefill run generates one token after the prompt; the decode run continues the
+    // prompt's first 8 tokens.
+    let need = (a.prompt_tokens + 1).max(8.min(a.prompt_tokens) + a.gen_tokens);
+    if need > model.config.max_ctx {
+        bail!(
+            "--prompt-tokens {} / --gen-tokens {} need {need} positions; the model's context is {}",
+            a.prompt_tokens,
+            a.gen_tokens,
+            model.config.max_ctx
+        );
+    }
     let lane = Lane::new("dense", threads)?;
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     let steps = 2 + 2 * reps + if a.no_matmul { 0 } else { 1 };
     let pb = if a.json {
         indicatif::ProgressBar::hidden()
@@ -195,9 +229,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let bw = measure_bandwidth(&lane);
     pb.inc(1);
 
-    let vocab = model.config.vocab as u32;
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1) as u32)
-        .map(|i| 100 + (i * 37) % (vocab - 100).max(1))
+    // Ordinary ids (past the special ones at the start of a large vocabulary).
+    let vocab = model.config.vocab.max(1) as u32;
+    let lo = if vocab > 200 { 100 } else { 0 };
+    let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
+        .map(|i| lo + (i * 37) % (vocab - lo))
         .collect();
     let prefill_cfg = GenerateConfig {
         max_tokens: 1,
@@ -215,7 +251,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.inc(1);
     }
     let decode_cfg = GenerateConfig {
-        max_tokens: a.gen_tokens.max(2),
+        max_tokens: a.gen_tokens,
         stop_at_eos: false,
         ..Default::default()
     };

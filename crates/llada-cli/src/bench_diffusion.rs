@@ -500,7 +500,17 @@ fn plot(sweep: &[SweepPoint], path: &Path) -> Result<()> {
 }
 
 pub fn run(a: DiffusionBenchArgs) -> Result<()> {
-    let threads = crate::threads_or_all(a.threads);
+    let threads = crate::threads(a.threads)?;
+    if a.examples == 0 {
+        bail!("--examples must be at least 1");
+    }
+    if !a.no_sweep {
+        let shapes = llada_decode::window::WINDOW_SHAPES;
+        if let Some(w) = a.sweep.iter().find(|w| !shapes.contains(w)) {
+            bail!("--sweep {w}: window sizes are static shapes, one of {shapes:?}");
+        }
+    }
+    crate::check_output_dir(&a.out_dir, "--out-dir")?;
     let names: Vec<String> = if a.strategies.is_empty() {
         STRATEGIES.iter().map(|s| s.to_string()).collect()
     } else {

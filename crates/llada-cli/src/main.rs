@@ -50,6 +50,72 @@ pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<M
     m
 }
 
+/// Most worker threads a lane may have: far above any core count this runs on, far below a
+/// count whose thread creation alone stalls the process (`--threads 100000` did).
+const MAX_THREADS: usize = 1024;
+
+/// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
+pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {
+    let n = threads_or_all(opt);
+    if n == 0 {
+        bail!("--threads must be at least 1");
+    }
+    if n > MAX_THREADS {
+        bail!(
+            "--threads {n}: at most {MAX_THREADS} (this machine reports {} cores)",
+            threads_or_all(None)
+        );
+    }
+    Ok(n)
+}
+
+/// `--storage-bw` (GB/s), checked: a finite rate of at least 1 MB/s (slower flash than any
+/// phone's; a smaller value would make one read sleep for years).
+pub(crate) fn check_storage_bw(gbps: f64) -> Result<()> {
+    if !(gbps.is_finite() && gbps >= 1e-3) {
+        bail!("--storage-bw {gbps:?}: give the emulated storage bandwidth in GB/s, at least 0.001");
+    }
+    Ok(())
+}
+
+/// An output file's path, checked before the work whose result it will hold: not a
+/// directory, in a directory that exists.
+pub(crate) fn check_output_file(path: &std::path::Path, flag: &str) -> Result<()> {
+    if path.is_dir() {
+        bail!("{flag} {}: is a directory", path.display());
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        bail!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
+/// An output directory's path (created later if missing), checked before the work: it must
+/// not be an existing file.
+pub(crate) fn check_output_dir(path: &std::path::Path, flag: &str) -> Result<()> {
+    if path.exists() && !path.is_dir() {
+        bail!("{flag} {}: exists and is not a directory", path.display());
+    }
+    Ok(())
+}
+
+/// Print `s` and a newline on stdout: a full disk is an error, not a panic (a closed pipe ends
+/// the process quietly: `main` restores SIGPIPE's default action).
+pub(crate) fn out_line(s: impl std::fmt::Display) -> Result<()> {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{s}")
+        .and_then(|_| o.flush())
+        .context("writing to stdout")
+}
+
 /// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1.
 pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
     threads.unwrap_or_else(|| {
@@ -251,9 +317,7 @@ pub(crate) fn parse_quant(flag: &str, s: Option<&str>) -> Result<Option<llada_ke
 /// silently ignores an option.
 pub(crate) fn load_options(args: &ModelArgs) -> Result<LoadOptions> {
     if let Some(bw) = args.storage_bw {
-        if !(bw > 0.0 && bw.is_finite()) {
-            bail!("--storage-bw must be a positive number of GB/s");
-        }
+        check_storage_bw(bw)?;
         if args.mem_budget.is_none() {
             bail!("--storage-bw emulates the storage of streamed weights: it needs --mem-budget");
         }
@@ -273,13 +337,21 @@ pub(crate) fn load_options(args: &ModelArgs) -> Result<LoadOptions> {
 }
 
 fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
-    let threads = crate::threads_or_all(args.threads);
-    if threads == 0 {
-        bail!("--threads must be at least 1");
+    let threads = crate::threads(args.threads)?;
+    if let Some(t) = &args.trace {
+        check_output_file(t, "--trace")?;
     }
     let opts = load_options(args)?;
     let path = models::resolve(&args.model, quiet)?;
     let model = load_model(&path, &opts)?;
+    // Left to right, a diffusion model predicts nothing useful (its first token is often EOS).
+    if model.config.arch.is_diffusion() {
+        bail!(
+            "{} is a diffusion model ({:?}): run it with `llada generate --mode diffusion`",
+            path.display(),
+            model.config.arch
+        );
+    }
     let lane = Lane::new("dense", threads)?;
     if args.trace.is_some() {
         Tracer::global().enable(true);
@@ -364,6 +436,9 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
     if s.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
+    if s.stop.iter().any(|x| x.is_empty()) {
+        bail!("--stop: an empty stop string would stop at once");
+    }
     Ok(GenerateConfig {
         max_tokens: s.max_tokens,
         sampling,
@@ -374,6 +449,9 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
+    if let Some(t) = &a.model.trace {
+        check_output_file(t, "--trace")?;
+    }
     if a.mode == "diffusion" {
         if a.model.trace.is_some() {
             Tracer::global().enable(true);
@@ -416,8 +494,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         let out = spec::run_generate(&model, &lane, &ids, &cfg, &a.spec)?;
         let text = tok.decode(&out.tokens);
         if json {
-            println!(
-                "{}",
+            out_line(
                 serde_json::json!({"model": model.path.display().to_string(), "mode": "speculative",
                     "draft": a.spec.draft, "tree": a.spec.tree, "ahasd": a.spec.ahasd, "text": text, "tokens": out.tokens,
                     "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(),
@@ -425,10 +502,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                     "tree_nodes": out.tree_nodes, "tvc_gated": out.tvc_gated, "preverified": out.preverified,
                     "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s,
                         "draft_s": out.draft_s, "verify_s": out.verify_s},
-                    "memory": memory_report(&model, rss_before_load).0})
-            );
+                    "memory": memory_report(&model, rss_before_load).0}),
+            )?;
         } else {
-            println!("{text}");
+            out_line(&text)?;
             eprintln!(
                 "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, {}]",
                 out.tokens.len(),
@@ -456,13 +533,23 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         return write_trace(&a.model, &model);
     }
     let mut stdout = std::io::stdout();
+    // A failed write (a full disk) stops the generation and is the run's error.
+    let mut write_err = None;
     let out = generate(&model, &lane, &ids, &cfg, |piece| {
         if !json {
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
+            if let Err(e) = stdout
+                .write_all(piece.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                write_err = Some(e);
+                return false;
+            }
         }
         true
     })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
     if json {
         let j = serde_json::json!({
             "model": model.path.display().to_string(),
@@ -476,9 +563,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s, "decode_s": out.decode_s},
             "memory": memory_report(&model, rss_before_load).0,
         });
-        println!("{j}");
+        out_line(j)?;
     } else {
-        println!();
+        out_line("")?;
         eprintln!(
             "[{} prompt tokens in {:.3}s ({:.1} tok/s); {} generated in {:.3}s ({:.1} tok/s); stop: {:?}]",
             out.prompt_tokens,
@@ -508,14 +595,20 @@ fn run_chat(a: ChatArgs) -> Result<()> {
         "chatting with {} — /reset clears the conversation, /exit quits",
         model.path.display()
     );
-    let stdin = std::io::stdin();
+    let mut stdin = std::io::stdin().lock();
     loop {
         eprint!("> ");
         let _ = std::io::stderr().flush();
-        let mut line = String::new();
-        if stdin.read_line(&mut line)? == 0 {
+        let mut bytes = vec![];
+        if std::io::BufRead::read_until(&mut stdin, b'\n', &mut bytes).context("reading stdin")?
+            == 0
+        {
             break;
         }
+        let Ok(line) = String::from_utf8(bytes) else {
+            eprintln!("(that line is not valid UTF-8: nothing sent; type it again)");
+            continue;
+        };
         let line = line.trim();
         match line {
             "" => continue,
@@ -532,12 +625,18 @@ fn run_chat(a: ChatArgs) -> Result<()> {
             .encode(&tok.template.render(&history, true))
             .map_err(anyhow::Error::msg)?;
         let mut stdout = std::io::stdout();
+        let mut write_err = None;
         let out = generate(&model, &lane, &ids, &cfg, |p| {
-            let _ = stdout.write_all(p.as_bytes());
-            let _ = stdout.flush();
+            if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+                return false;
+            }
             true
         });
-        println!();
+        if let Some(e) = write_err {
+            return Err(e).context("writing to stdout");
+        }
+        out_line("")?;
         match out {
             Ok(o) => history.push(Message::new("assistant", o.text.trim())),
             Err(e) => {
@@ -637,6 +736,27 @@ fn pin_matmul_threads() {
 }
 
 fn main() {
+    // A closed pipe (`llada generate … | head -c 1`) ends the process as it ends `cat`, instead
+    // of failing every later write. SAFETY: sets a signal's action before any thread starts.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // `println!` panics when stdout fails (a full disk): say so as an error, not a panic.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") {
+            eprintln!("error: {msg}");
+            std::process::exit(1);
+        }
+        default_hook(info)
+    }));
     pin_matmul_threads();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("LLADA_LOG"))

@@ -92,6 +92,9 @@ impl SpecArgs {
                 if self.n_draft == 0 {
                     bail!("--n-draft must be at least 1");
                 }
+                if !(0.0..=1.0).contains(&self.p_min) {
+                    bail!("--p-min {}: a draft probability, in [0, 1]", self.p_min);
+                }
                 TreeShape::Chain {
                     n: self.n_draft,
                     p_min: self.p_min,
@@ -271,11 +274,16 @@ pub fn run_generate(
 ) -> Result<SpecOutput> {
     let src = DraftSource::load(&a.draft, target, draft_quant(&a.draft_quantize)?)?;
     let exit = if a.early_exit {
+        let base = a.draft.strip_prefix("ngram+").unwrap_or(&a.draft);
+        if base == "ngram" || base == "self" || base.starts_with("self:") {
+            bail!(
+                "--early-exit prunes with a probe trained for a draft model or a feature head; \
+                 `{}` has none (e.g. --draft models/smollm2-draft)",
+                a.draft
+            );
+        }
         Some(DraftSource::probe(&a.draft)?.with_context(|| {
-            format!(
-                "--early-exit needs {}/probe.json: run `llada train-probe --draft {}`",
-                a.draft, a.draft
-            )
+            format!("--early-exit needs {base}/probe.json: run `llada train-probe --draft {base}`")
         })?)
     } else {
         None
@@ -671,9 +679,19 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     if a.prompts == 0 {
         bail!("--prompts must be at least 1");
     }
+    if a.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
+    if let Some(bw) = a.storage_bw {
+        crate::check_storage_bw(bw)?;
+    }
+    crate::check_output_dir(&a.out_dir, "--out-dir")?;
+    for b in a.budgets.iter().filter(|b| *b != "unlimited") {
+        llada_model::store::Budget::parse(b).map_err(|e| anyhow::anyhow!("--budgets {b}: {e}"))?;
+    }
     let dq = draft_quant(&a.draft_quantize)?;
     let path = crate::models::resolve(&a.target, a.json)?;
-    let threads = crate::threads_or_all(a.threads);
+    let threads = crate::threads(a.threads)?;
     let lane = Lane::new("dense", threads)?;
     let mut runs: Vec<SpecRun> = vec![];
     // Per budget: RSS before the target is loaded, weights kept resident, staging buffers
@@ -711,6 +729,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             },
         )
         .with_context(|| format!("loading {}", path.display()))?;
+        if target.config.arch.is_diffusion() {
+            bail!(
+                "--target {}: a diffusion model ({:?}); speculative decoding needs a left-to-right target",
+                path.display(),
+                target.config.arch
+            );
+        }
         let load_weights_peak = llada_kernels::weight_memory::peak();
         let (resident_w, staging_w, budget_b) =
             target.store.as_ref().map_or((None, None, None), |st| {
@@ -1309,6 +1334,10 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall must be in [0.5, 1]");
     }
+    if a.prompts < 4 {
+        bail!("--prompts must be at least 4 (a quarter is held out to measure recall)");
+    }
+    let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.target, a.json)?;
     let target = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -1325,7 +1354,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-    let prompts = corpus.windows(false, a.prompts.max(4), 32, &mut rng);
+    let prompts = corpus.windows(false, a.prompts, 32, &mut rng);
     // Calibrated on the draft as `generate` and `bench spec` run it by default.
     let src = DraftSource::load(&a.draft, &target, draft_quant(DRAFT_QUANT)?)?;
     let draft_dir = match &src {
@@ -1342,7 +1371,6 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
             .map(|p| p.to_path_buf())
             .context("a feature head's directory")?,
     };
-    let threads = crate::threads_or_all(a.threads);
     let lane = Lane::new("dense", threads)?;
     let dlane = Lane::new("draft", 1)?;
     let pb = if a.json {
@@ -1443,6 +1471,17 @@ pub struct TrainSelfDraftArgs {
 }
 
 pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
+    if a.vocab == 0 || a.windows == 0 {
+        bail!("--vocab and --windows must be at least 1");
+    }
+    if !(a.lambda.is_finite() && a.lambda > 0.0) {
+        bail!(
+            "--lambda {}: the ridge strength must be a positive number",
+            a.lambda
+        );
+    }
+    crate::check_output_file(&a.out, "--out")?;
+    let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.target, false)?;
     let target = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -1460,8 +1499,7 @@ pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
     let corpus =
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
-    let windows = corpus.windows(false, a.windows.max(1), 128, &mut rng);
-    let threads = crate::threads_or_all(a.threads);
+    let windows = corpus.windows(false, a.windows, 128, &mut rng);
     let lane = Lane::new("dense", threads)?;
     let pb = indicatif::ProgressBar::new(windows.len() as u64);
     pb.set_style(
@@ -1580,9 +1618,31 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     let path = crate::models::resolve(&a.target, false)?;
     let target = Model::load(&path, &LoadOptions::default())
         .with_context(|| format!("loading {}", path.display()))?;
-    if a.windows == 0 || a.vocab == 0 || a.hidden == 0 || a.batch == 0 || a.epochs <= 0.0 {
+    if a.windows == 0
+        || a.vocab == 0
+        || a.hidden == 0
+        || a.batch == 0
+        || a.epochs.is_nan()
+        || a.epochs <= 0.0
+    {
         bail!("--windows, --vocab, --hidden, --batch and --epochs must be positive");
     }
+    if !(a.lr.is_finite() && a.lr > 0.0) {
+        bail!("--lr {}: the learning rate must be a positive number", a.lr);
+    }
+    if !(a.feature_weight.is_finite() && a.feature_weight >= 0.0) {
+        bail!(
+            "--feature-weight {}: must be a number ≥ 0",
+            a.feature_weight
+        );
+    }
+    crate::check_output_file(&a.out, "--out")?;
+    let threads = crate::threads(a.threads)?;
+    // The comparison draft loads before the training, so a wrong name costs nothing.
+    let other = match &a.compare {
+        Some(name) => Some(DraftSource::load(name, &target, Some(GgmlType::Q8_0))?),
+        None => None,
+    };
     if !(1..64).contains(&a.unroll) {
         bail!("--unroll must be between 1 and 63");
     }
@@ -1596,7 +1656,7 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
     let windows = crate::zoo::feature_windows(&a.target, &corpus.train, a.windows, 128, &a.source)?;
     let held = corpus.windows(true, a.held_out.max(1), 128, &mut rng);
-    let lane = Lane::new("dense", crate::threads_or_all(a.threads))?;
+    let lane = Lane::new("dense", threads)?;
     let d = target.config.d_model;
     let (feats, best) =
         crate::zoo::record_features(&a.target, &windows, "recording the target's features")?;
@@ -1697,10 +1757,6 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     // the target's argmax.
     let fm = FeatureModel::new(&target, head, draft_quant(DRAFT_QUANT)?)?;
     let mut fd = FeatureDrafter::new(&target, &fm, 0.0);
-    let other = match &a.compare {
-        Some(name) => Some(DraftSource::load(name, &target, Some(GgmlType::Q8_0))?),
-        None => None,
-    };
     let mut od = match &other {
         Some(src) => Some(src.drafter(&target, &lane, 0.0)?),
         None => None,

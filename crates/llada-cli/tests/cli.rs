@@ -402,6 +402,75 @@ fn bad_input_is_a_clear_error() {
             "cannot hold the longest held-out answer",
         ),
         (&["eval", "-m", "x", "--answer-region", "0"], "auto"),
+        // Stop 57's audit: each of these panicked, hung or ran silently before.
+        (
+            &[
+                "generate",
+                "hi",
+                "--mem-budget",
+                "50%",
+                "--storage-bw",
+                "1e-300",
+            ],
+            "at least 0.001",
+        ),
+        (&["generate", "hi", "--threads", "100000"], "at most 1024"),
+        (&["generate", "hi", "--stop", ""], "empty stop string"),
+        (
+            &[
+                "generate",
+                "hi",
+                "--tree",
+                "chain",
+                "--mode",
+                "speculative",
+                "--p-min",
+                "nan",
+            ],
+            "--p-min",
+        ),
+        (
+            &["generate", "hi", "--mode", "speculative", "--early-exit"],
+            "`ngram` has none",
+        ),
+        (
+            &[
+                "generate",
+                "hi",
+                "-m",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-llada-tasks"),
+            ],
+            "--mode diffusion",
+        ),
+        (&["bench", "--matmul-m", "0", "--reps", "1"], "--matmul-m 0"),
+        (
+            &["bench", "--matmul-size", "10000000", "--reps", "1"],
+            "--matmul-size",
+        ),
+        (&["bench", "--gen-tokens", "0"], "--gen-tokens"),
+        (&["bench", "--trace", "/"], "is a directory"),
+        (
+            &[
+                "bench",
+                "spec",
+                "--budgets",
+                "unlimited,lots",
+                "--prompts",
+                "1",
+            ],
+            "--budgets lots",
+        ),
+        (
+            &[
+                "bench",
+                "spec",
+                "--out-dir",
+                "/etc/hostname",
+                "--prompts",
+                "1",
+            ],
+            "not a directory",
+        ),
     ];
     for (args, needle) in cases {
         let out = llada().args(*args).output().unwrap();
@@ -413,6 +482,49 @@ fn bad_input_is_a_clear_error() {
         );
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
+}
+
+/// A stdout that fails (a full disk) is an error, not a panic; invalid UTF-8 on chat's stdin
+/// is skipped, not the end of the session.
+#[test]
+fn failing_stdout_and_bad_stdin_are_handled() {
+    use std::io::Write;
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    for args in [
+        &["generate", "hi", "-n", "4"][..],
+        &["generate", "hi", "-n", "4", "--json"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = llada().args(args).stdout(full).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("No space left"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let mut child = llada()
+        .args(["chat", "-n", "3"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\xff\xfe\nHello\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("not valid UTF-8"), "{err}");
+    // The valid line after it was answered.
+    assert!(!out.stdout.is_empty(), "{err}");
 }
 
 #[test]

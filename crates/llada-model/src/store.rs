@@ -471,8 +471,13 @@ impl WeightStore {
                 )
             }
         };
-        if let Some(bw) = self.storage_bw {
-            let want = Duration::from_secs_f64(bytes as f64 / bw);
+        // A rate no caller should pass (the CLI checks ≥ 1 MB/s) throttles nothing rather
+        // than panicking or sleeping for years.
+        if let Some(want) = self
+            .storage_bw
+            .and_then(|bw| Duration::try_from_secs_f64(bytes as f64 / bw).ok())
+            .filter(|w| *w < Duration::from_secs(3600))
+        {
             let took = t.elapsed();
             if want > took {
                 std::thread::sleep(want - took);
