@@ -452,6 +452,22 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     if let Some(t) = &a.model.trace {
         check_output_file(t, "--trace")?;
     }
+    // Options of another mode would be ignored without a word: say so instead.
+    let s = &a.spec;
+    if a.mode != "speculative"
+        && (s.draft != "ngram" || s.tree != "lever" || s.early_exit || s.ahasd.is_some())
+    {
+        bail!(
+            "--draft, --tree, --early-exit and --ahasd apply to --mode speculative (this run is --mode {})",
+            a.mode
+        );
+    }
+    if a.mode != "diffusion" && a.diffusion.strategy != "vanilla" {
+        bail!(
+            "--strategy applies to --mode diffusion (this run is --mode {})",
+            a.mode
+        );
+    }
     if a.mode == "diffusion" {
         if a.model.trace.is_some() {
             Tracer::global().enable(true);

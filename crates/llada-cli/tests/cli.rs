@@ -417,6 +417,14 @@ fn bad_input_is_a_clear_error() {
         (&["generate", "hi", "--threads", "100000"], "at most 1024"),
         (&["generate", "hi", "--stop", ""], "empty stop string"),
         (
+            &["generate", "hi", "--draft", "models/smollm2-draft"],
+            "apply to --mode speculative",
+        ),
+        (
+            &["generate", "hi", "--strategy", "dual"],
+            "applies to --mode diffusion",
+        ),
+        (
             &[
                 "generate",
                 "hi",

@@ -46,6 +46,24 @@ where
             "is a directory, not a file to write",
         )));
     }
+    // A device or a pipe (`-o /dev/null`) is written in place: a rename would replace the
+    // device node with a regular file (it did, for /dev/full).
+    if std::fs::metadata(target).is_ok_and(|m| !m.is_file()) {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(target)
+            .map_err(err)?;
+        let mut w = BufWriter::with_capacity(1 << 22, file);
+        write(&mut w).map_err(err)?;
+        w.into_inner().map_err(|e| err(e.into_error()))?;
+        return Ok(());
+    }
+    // Through a symbolic link to an existing file, that file is replaced, not the link.
+    let resolved = std::fs::symlink_metadata(target)
+        .is_ok_and(|m| m.file_type().is_symlink())
+        .then(|| std::fs::canonicalize(target).ok())
+        .flatten();
+    let target = resolved.as_deref().unwrap_or(target);
     let part = part_path(target)?;
     let file = File::create(&part).map_err(|e| {
         err(Error::new(

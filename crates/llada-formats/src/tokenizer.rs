@@ -154,6 +154,9 @@ impl Tokenizer {
     }
 
     /// Load `tokenizer.json` (plus `tokenizer_config.json`'s template when present).
+    ///
+    /// A `tokenizer_config.json` that is present must be valid: a broken one would otherwise
+    /// silently change the chat template the prompts are wrapped in.
     pub fn from_hf_dir(
         dir: &Path,
         eos: &[u32],
@@ -171,16 +174,8 @@ impl Tokenizer {
                 what: "the vocabulary is empty".into(),
             });
         }
-        let cfg = dir.join("tokenizer_config.json");
-        let template = std::fs::read_to_string(&cfg)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| {
-                v.get("chat_template")
-                    .and_then(|t| t.as_str())
-                    .map(ChatTemplate::detect)
-            })
-            .unwrap_or(default_template);
+        let template =
+            chat_template(&dir.join("tokenizer_config.json"))?.unwrap_or(default_template);
         let mut stop_ids = eos.to_vec();
         for t in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>"] {
             if let Some(id) = inner.token_to_id(t) {
@@ -339,9 +334,82 @@ impl Tokenizer {
     }
 }
 
+/// The chat template of an HF `tokenizer_config.json`: `None` when the file or its
+/// `chat_template` is absent; an error when the file is unreadable or not JSON, or the template
+/// is neither a string nor HF's list of named templates (`[{"name", "template"}, …]`, whose
+/// `default` entry — else the first — is the one used).
+fn chat_template(cfg: &std::path::Path) -> Result<Option<ChatTemplate>, FormatError> {
+    if !cfg.exists() {
+        return Ok(None);
+    }
+    let bad = |what: String| FormatError::Tokenizer {
+        path: cfg.to_path_buf(),
+        what,
+    };
+    let text = std::fs::read_to_string(cfg).map_err(|e| FormatError::io(cfg, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let Some(t) = v.get("chat_template").filter(|t| !t.is_null()) else {
+        return Ok(None);
+    };
+    if let Some(s) = t.as_str() {
+        return Ok(Some(ChatTemplate::detect(s)));
+    }
+    fn template(e: &serde_json::Value) -> Option<&str> {
+        e.get("template").and_then(|x| x.as_str())
+    }
+    let named = t.as_array().and_then(|list| {
+        list.iter()
+            .find(|e| e.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(template)
+            .or_else(|| list.first().and_then(template))
+    });
+    match named {
+        Some(s) => Ok(Some(ChatTemplate::detect(s))),
+        None => Err(bad(
+            "'chat_template' is neither a template string nor a list of named templates".into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A present `tokenizer_config.json` must be valid; its template may be a string or HF's
+    /// list of named templates.
+    #[test]
+    fn tokenizer_config_templates() {
+        let dir = std::env::temp_dir().join(format!("llada-tokcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("tokenizer_config.json");
+        assert!(chat_template(&f).unwrap().is_none());
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}";
+        for (text, ok) in [
+            ("{}".to_string(), Some(None)),
+            (r#"{"chat_template": null}"#.to_string(), Some(None)),
+            (
+                serde_json::json!({ "chat_template": chatml }).to_string(),
+                Some(Some(ChatTemplate::detect(chatml))),
+            ),
+            (
+                serde_json::json!({"chat_template": [{"name": "tool_use", "template": "x"},
+                    {"name": "default", "template": chatml}]})
+                .to_string(),
+                Some(Some(ChatTemplate::detect(chatml))),
+            ),
+            ("garbage".to_string(), None),
+            (r#"{"chat_template": 3}"#.to_string(), None),
+        ] {
+            std::fs::write(&f, &text).unwrap();
+            match (chat_template(&f), ok) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{text}"),
+                (Err(e), None) => assert!(e.to_string().contains("tokenizer_config.json"), "{e}"),
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn chatml_inserts_default_system() {

@@ -1224,6 +1224,31 @@ fn paths_that_are_not_regular_files() {
 }
 
 #[test]
+fn writes_to_devices_and_links_keep_them() {
+    let s = Scratch::new("atomic-dev");
+    // A device is written in place: it stays a device (a rename once replaced /dev/full with a
+    // regular file).
+    valid_writer().write(Path::new("/dev/null")).unwrap();
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let m = std::fs::metadata("/dev/null").unwrap();
+        assert!(m.file_type().is_char_device());
+    }
+    assert!(!Path::new("/dev/null.part").exists());
+    // Through a link, the file it points to is replaced and the link stays a link.
+    let real = s.path("real.gguf");
+    let link = s.path("link.gguf");
+    std::fs::write(&real, b"old").unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    valid_writer().write(&link).unwrap();
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(GgufFile::open(&real).is_ok());
+}
+
+#[test]
 fn failed_writes_leave_the_existing_file_intact() {
     let s = Scratch::new("atomic");
     let p = s.path("keep.gguf");
