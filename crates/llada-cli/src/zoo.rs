@@ -299,8 +299,13 @@ impl TrainArgs {
         if self.steps == Some(0) {
             bail!("--steps must be at least 1 (a run of 0 steps trains nothing)");
         }
-        if self.batch == 0 {
-            bail!("--batch must be at least 1");
+        // 4 096 sequences of a task model's ≤ 512 tokens are 2 M tokens a step, a thousand
+        // times the recipes' batches; beyond, a batch only allocates until the kernel kills it.
+        if !(1..=4096).contains(&self.batch) {
+            bail!("--batch {}: between 1 and 4096 sequences", self.batch);
+        }
+        if self.distill.is_some() && self.distill_windows == 0 {
+            bail!("--distill-windows must be at least 1");
         }
         if self.checkpoint_every == 0 {
             bail!("--checkpoint-every must be at least 1");

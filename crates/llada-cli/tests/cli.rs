@@ -417,6 +417,28 @@ fn bad_input_is_a_clear_error() {
         (&["generate", "hi", "--threads", "100000"], "at most 1024"),
         (&["generate", "hi", "--stop", ""], "empty stop string"),
         (
+            &[
+                "train",
+                "--preset",
+                "tiny-llada-tasks",
+                "--batch",
+                "100000000",
+            ],
+            "between 1 and 4096",
+        ),
+        (
+            &[
+                "train",
+                "--preset",
+                "smollm2-draft",
+                "--distill",
+                "smollm2",
+                "--distill-windows",
+                "0",
+            ],
+            "--distill-windows must be at least 1",
+        ),
+        (
             &["generate", "hi", "--draft", "models/smollm2-draft"],
             "apply to --mode speculative",
         ),
