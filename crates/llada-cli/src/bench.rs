@@ -1,7 +1,8 @@
 //! `llada bench MODEL`: prefill and decode speed, the memory-bandwidth floor measured in the same
 //! run, and quantized matmul throughput (ours vs candle's) for the model's quant types.
 
-use anyhow::{bail, Context, Result};
+use crate::LoadContext;
+use anyhow::{bail, Result};
 use candle_core::{Device, Module, Tensor};
 use clap::Args;
 use llada_decode::{generate, GenerateConfig};
@@ -199,8 +200,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.model, a.json)?;
-    let model = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
     // The prefill run generates one token after the prompt; the decode run continues the
     // prompt's first 8 tokens.
     let need = (a.prompt_tokens + 1).max(8.min(a.prompt_tokens) + a.gen_tokens);

@@ -5,6 +5,7 @@
 //! where a pass costs its rows, as on a CPU).
 
 use crate::zoo::Lanes;
+use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::diffusion::{CacheMode, DiffusionConfig, MultiBlock, Revision};
@@ -619,7 +620,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
                     ..Default::default()
                 },
             )
-            .with_context(|| format!("loading {}", path.display()))?;
+            .load_context(&path)?;
             sweep.extend(sweep_model(
                 &model,
                 &dense_lane,

@@ -42,12 +42,31 @@ pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<M
     // pages; none of these touch live allocations.
     let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-    let m = Model::load(path, opts).with_context(|| format!("loading {}", path.display()));
+    let m = Model::load(path, opts).load_context(&path);
     unsafe {
         libmimalloc_sys::mi_collect(true);
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, before);
     }
     m
+}
+
+/// Adds "loading PATH" to a model-loading error, unless its message already names the path
+/// (the format errors do: saying it twice read "loading /x: /x: …").
+pub(crate) trait LoadContext<T> {
+    fn load_context(self, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> LoadContext<T> for std::result::Result<T, llada_model::ModelError> {
+    fn load_context(self, path: &std::path::Path) -> Result<T> {
+        self.map_err(|e| {
+            let p = path.display().to_string();
+            if e.to_string().contains(&p) {
+                anyhow::Error::new(e)
+            } else {
+                anyhow::Error::new(e).context(format!("loading {p}"))
+            }
+        })
+    }
 }
 
 /// Most worker threads a lane may have: far above any core count this runs on, far below a
@@ -675,7 +694,7 @@ fn run_info(model: &str, json: bool) -> Result<()> {
             ..Default::default()
         },
     )
-    .with_context(|| format!("loading {}", path.display()))?;
+    .load_context(&path)?;
     let c = &m.config;
     let total: u64 = m.tensor_types.iter().map(|t| t.2).sum();
     if json {

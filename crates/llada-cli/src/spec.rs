@@ -1,5 +1,6 @@
 //! `llada generate --mode speculative` options and `llada bench spec`.
 
+use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::speculative::drafter::{
@@ -727,8 +728,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 storage_bw: a.storage_bw.map(|g| g * 1e9),
                 ..Default::default()
             },
-        )
-        .with_context(|| format!("loading {}", path.display()))?;
+        )?;
         if target.config.arch.is_diffusion() {
             bail!(
                 "--target {}: a diffusion model ({:?}); speculative decoding needs a left-to-right target",
@@ -1330,6 +1330,19 @@ const PROBE_COST: llada_decode::speculative::tree::CostModel =
         token_s: 0.0025,
     };
 
+/// Drafts and probes serve a left-to-right target: a diffusion model is refused (speculative
+/// decoding refuses it too, so what they fit could never run).
+fn left_to_right(target: &Model, path: &std::path::Path) -> Result<()> {
+    if target.config.arch.is_diffusion() {
+        bail!(
+            "--target {}: a diffusion model ({:?}); drafts serve a left-to-right target",
+            path.display(),
+            target.config.arch
+        );
+    }
+    Ok(())
+}
+
 pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     if !(0.5..=1.0).contains(&a.recall) {
         bail!("--recall must be in [0.5, 1]");
@@ -1339,8 +1352,8 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     }
     let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.target, a.json)?;
-    let target = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let target = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
+    left_to_right(&target, &path)?;
     let layers = target.config.n_layers;
     let layer = a.layer.unwrap_or(layers / 2);
     if layer + 1 >= layers {
@@ -1483,8 +1496,15 @@ pub fn train_self_draft(a: TrainSelfDraftArgs) -> Result<()> {
     crate::check_output_file(&a.out, "--out")?;
     let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.target, false)?;
-    let target = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let target = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
+    left_to_right(&target, &path)?;
+    if a.vocab > target.config.vocab {
+        bail!(
+            "--vocab {}: the target has {} token ids",
+            a.vocab,
+            target.config.vocab
+        );
+    }
     if a.layers == 0 || a.layers >= target.config.n_layers {
         bail!(
             "--layers must be between 1 and {}",
@@ -1616,8 +1636,8 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     use llada_decode::speculative::featdraft::embed;
     let t0 = std::time::Instant::now();
     let path = crate::models::resolve(&a.target, false)?;
-    let target = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let target = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
+    left_to_right(&target, &path)?;
     if a.windows == 0
         || a.vocab == 0
         || a.hidden == 0
@@ -1629,6 +1649,9 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
     }
     if !(a.lr.is_finite() && a.lr > 0.0) {
         bail!("--lr {}: the learning rate must be a positive number", a.lr);
+    }
+    if a.held_out == 0 {
+        bail!("--held-out must be at least 1 (the agreement is measured on them)");
     }
     if !(a.feature_weight.is_finite() && a.feature_weight >= 0.0) {
         bail!(
@@ -1655,7 +1678,7 @@ pub fn train_feature_draft(a: TrainFeatureDraftArgs) -> Result<()> {
         llada_train::prose::Corpus::load(&files, &tok.inner, target.config.eos_id.unwrap_or(0))?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
     let windows = crate::zoo::feature_windows(&a.target, &corpus.train, a.windows, 128, &a.source)?;
-    let held = corpus.windows(true, a.held_out.max(1), 128, &mut rng);
+    let held = corpus.windows(true, a.held_out, 128, &mut rng);
     let lane = Lane::new("dense", threads)?;
     let d = target.config.d_model;
     let (feats, best) =

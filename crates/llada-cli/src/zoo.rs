@@ -1,5 +1,6 @@
 //! `llada train` and `llada eval`: the tiny model zoo.
 
+use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::diffusion::{
@@ -1983,8 +1984,7 @@ fn report_draft_eval(
 /// drafted tokens (mean drafted tokens accepted per verification).
 fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Result<()> {
     let tpath = crate::models::resolve(target_name, a.json)?;
-    let target = Model::load(&tpath, &LoadOptions::default())
-        .with_context(|| format!("loading {}", tpath.display()))?;
+    let target = Model::load(&tpath, &LoadOptions::default()).load_context(&tpath)?;
     // `llada generate --draft`'s check (spec.rs): token ids mean the same in both models only
     // with one tokenizer.
     if draft.config.vocab != target.config.vocab {
@@ -2217,8 +2217,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         let lane = Lane::new("dense", threads)?;
         return eval_feature_draft(&a, &lane, t);
     }
-    let model = Model::load(&a.model, &LoadOptions::default())
-        .with_context(|| format!("loading {}", a.model.display()))?;
+    let model = Model::load(&a.model, &LoadOptions::default()).load_context(&a.model)?;
     if let Some(t) = &a.target {
         let lane = Lane::new("dense", threads)?;
         return eval_draft(&a, &model, &lane, t);

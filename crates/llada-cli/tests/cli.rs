@@ -418,6 +418,30 @@ fn bad_input_is_a_clear_error() {
         (&["generate", "hi", "--stop", ""], "empty stop string"),
         (
             &[
+                "train-self-draft",
+                "--vocab",
+                "10000000",
+                "--out",
+                "/tmp/llada-cli-test-sd.safetensors",
+            ],
+            "the target has 49152 token ids",
+        ),
+        (
+            &[
+                "train-self-draft",
+                "--target",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-llada-tasks"),
+                "--out",
+                "/tmp/llada-cli-test-sd.safetensors",
+            ],
+            "a diffusion model",
+        ),
+        (
+            &["train-feature-draft", "--held-out", "0"],
+            "--held-out must be at least 1",
+        ),
+        (
+            &[
                 "train",
                 "--preset",
                 "tiny-llada-tasks",
@@ -512,6 +536,13 @@ fn bad_input_is_a_clear_error() {
         );
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
+    // A load error names the path once ("loading /x: /x: …" before).
+    let out = llada()
+        .args(["generate", "hi", "-m", "/nonexistent/model.gguf"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("/nonexistent/model.gguf").count(), 1, "{err}");
 }
 
 /// A stdout that fails (a full disk) is an error, not a panic; invalid UTF-8 on chat's stdin
