@@ -620,7 +620,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
                     ..Default::default()
                 },
             )
-            .load_context(&path)?;
+            .load_context(path)?;
             sweep.extend(sweep_model(
                 &model,
                 &dense_lane,

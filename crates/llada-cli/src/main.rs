@@ -42,7 +42,7 @@ pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<M
     // pages; none of these touch live allocations.
     let before = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
-    let m = Model::load(path, opts).load_context(&path);
+    let m = Model::load(path, opts).load_context(path);
     unsafe {
         libmimalloc_sys::mi_collect(true);
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, before);
