@@ -169,8 +169,9 @@ fn bench_matmul(lane: &Lane, ty: GgmlType, ms: &[usize], size: usize) -> Result<
     Ok(rows)
 }
 
-/// Largest matmul rows and size `llada bench` measures (an 8192² f32 weight is 256 MB).
-const MAX_MATMUL: usize = 8192;
+/// Largest matmul rows and size `llada bench` measures (a 16384² f32 weight is 1 GB, built
+/// once per quantized type).
+const MAX_MATMUL: usize = 16384;
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.sub {
@@ -211,6 +212,34 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.gen_tokens,
             model.config.max_ctx
         );
+    }
+    // The quantized types the matmul table measures (the model's), and the size fits their blocks.
+    let mut types: Vec<GgmlType> = vec![];
+    for l in model
+        .weights
+        .layers
+        .iter()
+        .flatten()
+        .flat_map(|l| l.linears())
+        .chain(model.weights.lm_head.as_ref())
+    {
+        let t = l.dtype();
+        if QMatrix::supports(t) && !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    if !a.no_matmul {
+        if let Some(t) = types
+            .iter()
+            .find(|t| !a.matmul_size.is_multiple_of(t.block_elems()))
+        {
+            bail!(
+                "--matmul-size {}: a multiple of {} for this model's {} weights",
+                a.matmul_size,
+                t.block_elems(),
+                t.name()
+            );
+        }
     }
     let lane = Lane::new("dense", threads)?;
     let reps = a.reps;
@@ -281,21 +310,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut matmul = vec![];
     if !a.no_matmul {
         pb.set_message("matmul");
-        let mut types: Vec<GgmlType> = vec![];
-        for l in model
-            .weights
-            .layers
-            .iter()
-            .flatten()
-            .flat_map(|l| l.linears())
-            .chain(model.weights.lm_head.as_ref())
-        {
-            let t = l.dtype();
-            if QMatrix::supports(t) && !types.contains(&t) {
-                types.push(t);
-            }
-        }
-        for t in types {
+        for &t in &types {
             matmul.extend(bench_matmul(&lane, t, &a.matmul_m, a.matmul_size)?);
         }
         pb.inc(1);

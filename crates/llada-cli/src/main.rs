@@ -60,7 +60,8 @@ impl<T> LoadContext<T> for std::result::Result<T, llada_model::ModelError> {
     fn load_context(self, path: &std::path::Path) -> Result<T> {
         self.map_err(|e| {
             let p = path.display().to_string();
-            if e.to_string().contains(&p) {
+            let m = e.to_string();
+            if m.starts_with(&format!("{p}:")) || m.starts_with(&format!("{p}/")) {
                 anyhow::Error::new(e)
             } else {
                 anyhow::Error::new(e).context(format!("loading {p}"))
@@ -74,7 +75,11 @@ impl<T> LoadContext<T> for std::result::Result<T, llada_model::ModelError> {
 const MAX_THREADS: usize = 1024;
 
 /// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
+/// Without `--threads`, the default (every core, or `RAYON_NUM_THREADS`) is capped instead.
 pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {
+    if opt.is_none() {
+        return Ok(threads_or_all(None).clamp(1, MAX_THREADS));
+    }
     let n = threads_or_all(opt);
     if n == 0 {
         bail!("--threads must be at least 1");

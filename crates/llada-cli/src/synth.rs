@@ -292,8 +292,8 @@ pub fn run(a: SynthArgs) -> Result<()> {
     );
     pb.set_message(a.out.display().to_string());
     let mut rng = Rng(a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    // Atomic: written to `OUT.part`, renamed over OUT only once complete, so an interrupted or
-    // failed run leaves an existing OUT as it was.
+    // Atomic: written to a temporary file next to OUT, renamed over OUT only once complete, so
+    // an interrupted or failed run leaves an existing OUT as it was.
     w.write_streaming(&a.out, &mut |_, _, buf| {
         fill_blocks(ty, &mut rng, buf);
         pb.inc(buf.len() as u64);

@@ -1718,10 +1718,7 @@ pub fn generate_diffusion(
     };
     // Options are checked before the load (an 8B model takes seconds to load).
     let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
-    let threads = crate::threads_or_all(margs.threads);
-    if threads == 0 {
-        bail!("--threads must be at least 1");
-    }
+    let threads = crate::threads(margs.threads)?;
     // The same options as every other mode: a memory budget streams what does not fit, one
     // denoising pass at a time.
     let opts = crate::load_options(margs)?;

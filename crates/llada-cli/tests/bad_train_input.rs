@@ -175,7 +175,7 @@ fn bad_numbers_leave_the_checkpoint_as_it_was() {
         ("--lr=0", "--lr 0"),
         ("--minutes=-1", "--minutes -1"),
         ("--minutes=0", "--minutes 0"),
-        ("--batch=0", "--batch must be at least 1"),
+        ("--batch=0", "--batch 0: between 1 and 4096"),
         ("--steps=0", "--steps must be at least 1"),
         (
             "--checkpoint-every=0",
@@ -236,8 +236,8 @@ fn output_directories_are_checked_first() {
 }
 
 /// Draft evaluation: more windows than the held-out split has (it allocated until the kernel
-/// killed it), a draft over another vocabulary (either way round: "token id … is outside the
-/// vocabulary"), and `--threads 0`.
+/// killed it), a draft over another vocabulary (either way round; it said only "token id … is
+/// outside the vocabulary"), and `--threads 0`.
 #[test]
 fn draft_evaluation_input_is_checked() {
     // The window count is checked against the prose corpora, which `scripts/fetch_corpora.py`

@@ -419,16 +419,6 @@ fn bad_input_is_a_clear_error() {
         (
             &[
                 "train-self-draft",
-                "--vocab",
-                "10000000",
-                "--out",
-                "/tmp/llada-cli-test-sd.safetensors",
-            ],
-            "the target has 49152 token ids",
-        ),
-        (
-            &[
-                "train-self-draft",
                 "--target",
                 concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-llada-tasks"),
                 "--out",

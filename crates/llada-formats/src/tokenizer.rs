@@ -140,6 +140,10 @@ impl Tokenizer {
     pub fn max_token_id(&self) -> Option<u32> {
         self.inner.get_vocab(true).into_values().max()
     }
+    /// The largest id of the base vocabulary (added tokens left out), `None` when it is empty.
+    pub fn max_base_token_id(&self) -> Option<u32> {
+        self.inner.get_vocab(false).into_values().max()
+    }
     /// Decode ids, keeping special tokens out of the text.
     pub fn decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, true).unwrap_or_default()

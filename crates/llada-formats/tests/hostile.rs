@@ -1246,19 +1246,50 @@ fn writes_to_devices_and_links_keep_them() {
         .file_type()
         .is_symlink());
     assert!(GgufFile::open(&real).is_ok());
+    // A dangling link: the file it names is created, the link stays.
+    let missing = s.path("missing.gguf");
+    let dangling = s.path("dangling.gguf");
+    std::os::unix::fs::symlink(&missing, &dangling).unwrap();
+    valid_writer().write(&dangling).unwrap();
+    assert!(GgufFile::open(&missing).is_ok());
+    assert!(std::fs::symlink_metadata(&dangling)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // The replaced file keeps its permissions.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    valid_writer().write(&real).unwrap();
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    // Two writers of one target at once each write a file of their own: the target is one of
+    // them, whole.
+    let both = s.path("both.gguf");
+    std::thread::scope(|sc| {
+        for _ in 0..2 {
+            sc.spawn(|| valid_writer().write(&both).unwrap());
+        }
+    });
+    assert!(GgufFile::open(&both).is_ok());
 }
 
 #[test]
 fn failed_writes_leave_the_existing_file_intact() {
     let s = Scratch::new("atomic");
     let p = s.path("keep.gguf");
-    let part = s.path("keep.gguf.part");
+    // Temporary files (`keep.gguf.PID.N.part`) left in the directory.
+    let parts = || {
+        std::fs::read_dir(&s.0)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".part"))
+            })
+            .count()
+    };
     valid_writer().write(&p).unwrap();
     let good = std::fs::read(&p).unwrap();
-    assert!(
-        !part.exists(),
-        "the temporary file outlived a successful write"
-    );
+    assert_eq!(parts(), 0, "the temporary file outlived a successful write");
     // A write interrupted half-way (here: by a panic in `fill`, after the header and the first
     // tensor went out) leaves the old file whole and removes its temporary file.
     let mut w = GgufWriter::new();
@@ -1278,17 +1309,19 @@ fn failed_writes_leave_the_existing_file_intact() {
         good,
         "the existing file was damaged"
     );
-    assert!(!part.exists(), "the temporary file was left behind");
+    assert_eq!(parts(), 0, "the temporary file was left behind");
     // A target that is a directory: an error naming it, nothing written.
     let e = valid_writer()
         .write(&s.0)
         .expect_err("wrote over a directory");
     assert!(e.to_string().contains("is a directory"), "{e}");
     assert_names_path(&e, &s.0);
-    // A stale temporary file from a killed run is overwritten, and the write succeeds.
-    std::fs::write(&part, b"stale").unwrap();
+    // A stale temporary file of a killed run is left alone, and the write succeeds.
+    let stale = s.path(&format!("keep.gguf.{}.0.part", std::process::id()));
+    std::fs::write(&stale, b"stale").unwrap();
     w.write_streaming(&p, &mut |_, _, buf| buf.fill(3)).unwrap();
-    assert!(!part.exists());
+    assert_eq!(parts(), 1);
+    std::fs::remove_file(&stale).unwrap();
     let g = GgufFile::open(&p).unwrap();
     assert!(TensorSource::get(&g, "b")
         .unwrap()

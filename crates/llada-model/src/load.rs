@@ -469,26 +469,45 @@ fn check_no_extra_layers(
     Ok(())
 }
 
-/// Every id the tokenizer can produce must index the model's vocabulary; checked at load, so a
-/// mismatched tokenizer fails here (naming its file) rather than mid-generation. `key` is where
-/// says where the ids live in the tokenizer's file.
+/// The tokenizer's base vocabulary and the ids generation relies on (BOS, the stop ids) must
+/// index the model's vocabulary; checked at load, so a mismatched tokenizer fails here (naming
+/// its file) rather than mid-generation. `what` says where the ids live in the tokenizer's
+/// file. Added tokens past the vocabulary are allowed — Llama-2's HF checkpoints add `<pad>` at
+/// 32 000 with `vocab_size` 32 000 — and a prompt that contains one is refused by the forward
+/// pass ("token id … is outside the vocabulary").
 fn check_tokenizer_ids(t: &Tokenizer, c: &ModelConfig, what: &str) -> Result<(), ModelError> {
-    match t.max_token_id() {
-        Some(id) if (id as usize) < c.vocab => Ok(()),
-        Some(id) => Err(FormatError::Tokenizer {
+    let outside = |id: u32, which: &str| -> ModelError {
+        FormatError::Tokenizer {
             path: t.path.clone(),
             what: format!(
-                "{what} holds token id {id}, outside the model's vocabulary ({} tokens)",
+                "{which} {id} is outside the model's vocabulary ({} tokens)",
                 c.vocab
             ),
         }
-        .into()),
-        None => Err(FormatError::Tokenizer {
-            path: t.path.clone(),
-            what: "the vocabulary is empty".into(),
+        .into()
+    };
+    match t.max_base_token_id() {
+        Some(id) if (id as usize) >= c.vocab => {
+            return Err(outside(id, &format!("{what} holds token id")))
         }
-        .into()),
+        Some(_) => {}
+        None => {
+            return Err(FormatError::Tokenizer {
+                path: t.path.clone(),
+                what: "the vocabulary is empty".into(),
+            }
+            .into())
+        }
     }
+    for &id in t.stop_ids.iter().chain(&t.bos_id) {
+        if id as usize >= c.vocab {
+            return Err(outside(
+                id,
+                "its special token (BOS or a stop token) has id",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Model {

@@ -471,13 +471,13 @@ impl WeightStore {
                 )
             }
         };
-        // A rate no caller should pass (the CLI checks ≥ 1 MB/s) throttles nothing rather
-        // than panicking or sleeping for years.
-        if let Some(want) = self
-            .storage_bw
-            .and_then(|bw| Duration::try_from_secs_f64(bytes as f64 / bw).ok())
-            .filter(|w| *w < Duration::from_secs(3600))
-        {
+        // A rate no caller should pass (the CLI checks ≥ 1 MB/s) sleeps at most an hour a
+        // read rather than panicking or sleeping for years.
+        if let Some(want) = self.storage_bw.map(|bw| {
+            Duration::try_from_secs_f64(bytes as f64 / bw).map_or(Duration::from_secs(3600), |w| {
+                w.min(Duration::from_secs(3600))
+            })
+        }) {
             let took = t.elapsed();
             if want > took {
                 std::thread::sleep(want - took);

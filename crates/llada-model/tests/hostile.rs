@@ -1280,6 +1280,19 @@ fn tokenizer_ids_beyond_the_model_vocabulary() {
         Err(e) => panic!("expected a tokenizer error, got {e}"),
         Ok(_) => panic!("a tokenizer with id 100000 loaded for a 97-token model"),
     }
+    // An added token just past the vocabulary loads (Llama-2's HF checkpoints add `<pad>` at
+    // id 32 000 with vocab_size 32 000); a prompt containing it is refused at the forward pass.
+    t["model"]["vocab"].as_object_mut().unwrap().remove("zzz");
+    let mut added = t["added_tokens"].as_array().cloned().unwrap_or_default();
+    added.push(
+        json!({"id": 97, "content": "<pad>", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true}),
+    );
+    t["added_tokens"] = json!(added);
+    std::fs::write(&p, t.to_string()).unwrap();
+    if let Err(e) = Model::load(&s.0, &full) {
+        panic!("an added token past the vocabulary was refused: {e}");
+    }
     // An empty vocabulary.
     t["model"]["vocab"] = json!({});
     t["added_tokens"] = json!([]);
@@ -1351,8 +1364,13 @@ fn shipped_models_and_fixtures_load_with_their_tokenizers() {
     ] {
         paths.push(fixtures().join(f));
     }
-    if let Some(home) = std::env::var_os("HOME") {
-        let smol = PathBuf::from(home).join(".cache/llada/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    // The fetched default model, where `llada fetch` keeps it (its cache-directory rule).
+    let cache = std::env::var_os("LLADA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("llada")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/llada")));
+    if let Some(c) = cache {
+        let smol = c.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
         if smol.exists() {
             paths.push(smol);
         }
