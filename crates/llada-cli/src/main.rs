@@ -77,10 +77,9 @@ const MAX_THREADS: usize = 1024;
 /// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
 /// Without `--threads`, the default (every core, or `RAYON_NUM_THREADS`) is capped instead.
 pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {
-    if opt.is_none() {
+    let Some(n) = opt else {
         return Ok(threads_or_all(None).clamp(1, MAX_THREADS));
-    }
-    let n = threads_or_all(opt);
+    };
     if n == 0 {
         bail!("--threads must be at least 1");
     }
@@ -138,6 +137,43 @@ pub(crate) fn out_line(s: impl std::fmt::Display) -> Result<()> {
     writeln!(o, "{s}")
         .and_then(|_| o.flush())
         .context("writing to stdout")
+}
+
+/// Generated text streamed to stdout piece by piece: a failed write (a full disk) stops the
+/// generation ([`StdoutStream::write`] returns `false`, the generator's "stop") and is the run's
+/// error ([`StdoutStream::finish`]).
+struct StdoutStream {
+    out: std::io::Stdout,
+    err: Option<std::io::Error>,
+}
+
+impl StdoutStream {
+    fn new() -> Self {
+        Self {
+            out: std::io::stdout(),
+            err: None,
+        }
+    }
+    /// Write and flush `piece`; `false` once a write failed.
+    fn write(&mut self, piece: &str) -> bool {
+        match self
+            .out
+            .write_all(piece.as_bytes())
+            .and_then(|_| self.out.flush())
+        {
+            Ok(()) => true,
+            Err(e) => {
+                self.err = Some(e);
+                false
+            }
+        }
+    }
+    fn finish(self) -> Result<()> {
+        match self.err {
+            Some(e) => Err(e).context("writing to stdout"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1.
@@ -362,9 +398,6 @@ pub(crate) fn load_options(args: &ModelArgs) -> Result<LoadOptions> {
 
 fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
     let threads = crate::threads(args.threads)?;
-    if let Some(t) = &args.trace {
-        check_output_file(t, "--trace")?;
-    }
     let opts = load_options(args)?;
     let path = models::resolve(&args.model, quiet)?;
     let model = load_model(&path, &opts)?;
@@ -572,24 +605,11 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
         return write_trace(&a.model, &model);
     }
-    let mut stdout = std::io::stdout();
-    // A failed write (a full disk) stops the generation and is the run's error.
-    let mut write_err = None;
+    let mut stdout = StdoutStream::new();
     let out = generate(&model, &lane, &ids, &cfg, |piece| {
-        if !json {
-            if let Err(e) = stdout
-                .write_all(piece.as_bytes())
-                .and_then(|_| stdout.flush())
-            {
-                write_err = Some(e);
-                return false;
-            }
-        }
-        true
+        json || stdout.write(piece)
     })?;
-    if let Some(e) = write_err {
-        return Err(e).context("writing to stdout");
-    }
+    stdout.finish()?;
     if json {
         let j = serde_json::json!({
             "model": model.path.display().to_string(),
@@ -625,6 +645,9 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 
 fn run_chat(a: ChatArgs) -> Result<()> {
     let cfg = gen_config(&a.sampling)?;
+    if let Some(t) = &a.model.trace {
+        check_output_file(t, "--trace")?;
+    }
     let (model, lane) = load(&a.model, false)?;
     let tok = model
         .tokenizer
@@ -664,18 +687,9 @@ fn run_chat(a: ChatArgs) -> Result<()> {
         let ids = tok
             .encode(&tok.template.render(&history, true))
             .map_err(anyhow::Error::msg)?;
-        let mut stdout = std::io::stdout();
-        let mut write_err = None;
-        let out = generate(&model, &lane, &ids, &cfg, |p| {
-            if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
-                write_err = Some(e);
-                return false;
-            }
-            true
-        });
-        if let Some(e) = write_err {
-            return Err(e).context("writing to stdout");
-        }
+        let mut stdout = StdoutStream::new();
+        let out = generate(&model, &lane, &ids, &cfg, |p| stdout.write(p));
+        stdout.finish()?;
         out_line("")?;
         match out {
             Ok(o) => history.push(Message::new("assistant", o.text.trim())),

@@ -161,6 +161,24 @@ fn feature_head_path(name: &str) -> Option<&std::path::Path> {
     }
 }
 
+/// A draft model's token ids mean the same as the target's only with one tokenizer: the
+/// vocabularies must match (`generate --draft`, `bench spec`, `eval --target`).
+pub(crate) fn same_token_ids(
+    draft_path: &std::path::Path,
+    draft: &Model,
+    target: &Model,
+) -> Result<()> {
+    if draft.config.vocab != target.config.vocab {
+        bail!(
+            "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
+            draft_path.display(),
+            draft.config.vocab,
+            target.config.vocab
+        );
+    }
+    Ok(())
+}
+
 impl DraftSource {
     /// `quant`: requantize a draft model's matrices at load ([`draft_quant`]).
     pub fn load(name: &str, target: &Model, quant: Option<GgmlType>) -> Result<Self> {
@@ -202,14 +220,7 @@ impl DraftSource {
             },
         )
         .with_context(|| format!("loading draft {}", path.display()))?;
-        if m.config.vocab != target.config.vocab {
-            bail!(
-                "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
-                path.display(),
-                m.config.vocab,
-                target.config.vocab
-            );
-        }
+        same_token_ids(&path, &m, target)?;
         Ok(Self::Model(Box::new(m)))
     }
     /// Whether the drafter drafts from the target's features (not on AHASD's draft lane).
@@ -220,12 +231,17 @@ impl DraftSource {
             _ => false,
         }
     }
+    /// Drafters no probe is trained for (prompt lookup, the self-drafter), `ngram+` stripped.
+    fn probe_less(name: &str) -> bool {
+        let base = name.strip_prefix("ngram+").unwrap_or(name);
+        base == "ngram" || base == "self" || base.starts_with("self:")
+    }
     /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
     pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
         if let Some(inner) = name.strip_prefix("ngram+") {
             return Self::probe(inner);
         }
-        if name == "ngram" || name == "self" || name.starts_with("self:") {
+        if Self::probe_less(name) {
             return Ok(None);
         }
         // A feature head's probe sits beside its file.
@@ -276,7 +292,7 @@ pub fn run_generate(
     let src = DraftSource::load(&a.draft, target, draft_quant(&a.draft_quantize)?)?;
     let exit = if a.early_exit {
         let base = a.draft.strip_prefix("ngram+").unwrap_or(&a.draft);
-        if base == "ngram" || base == "self" || base.starts_with("self:") {
+        if DraftSource::probe_less(base) {
             bail!(
                 "--early-exit prunes with a probe trained for a draft model or a feature head; \
                  `{}` has none (e.g. --draft models/smollm2-draft)",
@@ -729,13 +745,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                 ..Default::default()
             },
         )?;
-        if target.config.arch.is_diffusion() {
-            bail!(
-                "--target {}: a diffusion model ({:?}); speculative decoding needs a left-to-right target",
-                path.display(),
-                target.config.arch
-            );
-        }
+        left_to_right(&target, &path)?;
         let load_weights_peak = llada_kernels::weight_memory::peak();
         let (resident_w, staging_w, budget_b) =
             target.store.as_ref().map_or((None, None, None), |st| {
@@ -1330,12 +1340,12 @@ const PROBE_COST: llada_decode::speculative::tree::CostModel =
         token_s: 0.0025,
     };
 
-/// Drafts and probes serve a left-to-right target: a diffusion model is refused (speculative
-/// decoding refuses it too, so what they fit could never run).
+/// Speculative decoding, its drafts and probes serve a left-to-right target: a diffusion model
+/// is refused (`bench spec`, and the train-* commands, whose output could never run).
 fn left_to_right(target: &Model, path: &std::path::Path) -> Result<()> {
     if target.config.arch.is_diffusion() {
         bail!(
-            "--target {}: a diffusion model ({:?}); drafts serve a left-to-right target",
+            "--target {}: a diffusion model ({:?}); speculative decoding and its drafts need a left-to-right target",
             path.display(),
             target.config.arch
         );

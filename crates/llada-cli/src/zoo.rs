@@ -316,22 +316,20 @@ impl TrainArgs {
                 bail!("--minutes {m}: the time budget must be a finite number of minutes > 0");
             }
         }
-        if !(self.max_scale > 0.0 && self.max_scale <= 1.0) {
-            bail!("--max-scale {}: must be in (0, 1]", self.max_scale);
-        }
-        Ok(())
+        check_max_scale(self.max_scale)
     }
 
-    /// Optimizer options from the flags, with the preset's default step count.
+    /// Optimizer options from the flags (checked by [`TrainArgs::check_numbers`]), with the
+    /// preset's default step count.
     fn options(&self, default_steps: usize, curriculum: f64) -> TrainOptions {
         let steps = self.steps.unwrap_or(default_steps);
         TrainOptions {
             steps,
-            batch: self.batch.max(1),
+            batch: self.batch,
             lr: self.lr,
             warmup: 100.min(steps / 10 + 1),
             seed: self.seed,
-            checkpoint_every: self.checkpoint_every.max(1),
+            checkpoint_every: self.checkpoint_every,
             curriculum: self.curriculum.unwrap_or(curriculum),
             time_budget_s: self.minutes.map(|m| m * 60.0),
             init_from: self.init_from.clone(),
@@ -1317,6 +1315,14 @@ fn report(st: &llada_train::trainer::TrainState) {
     );
 }
 
+/// `--max-scale` (`train`, `eval`): a fraction of the task lengths, in (0, 1].
+fn check_max_scale(s: f64) -> Result<()> {
+    if !(s > 0.0 && s <= 1.0) {
+        bail!("--max-scale {s}: must be in (0, 1]");
+    }
+    Ok(())
+}
+
 /// Training frees and re-allocates the same tens of megabytes of activations and gradients every
 /// step. mimalloc returns freed pages to the OS after a delay (v3: 1 s), so each step faulted them
 /// back in and the kernel zeroed them again: perf showed ≈ 20 % of a task-model run in
@@ -1398,7 +1404,6 @@ pub fn train(a: TrainArgs) -> Result<()> {
     if card {
         a.card_budget(&mut opts);
     }
-    opts.validate()?;
     let tasks = known_names(&a.tasks, &TASKS, "task")?;
     let multi_tasks = known_names(&a.multi_tasks, &MULTI_SUBTASKS, "--multi-tasks item")?;
     let (structured, ar_warmup) = (
@@ -1982,16 +1987,7 @@ fn report_draft_eval(
 fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Result<()> {
     let tpath = crate::models::resolve(target_name, a.json)?;
     let target = Model::load(&tpath, &LoadOptions::default()).load_context(&tpath)?;
-    // `llada generate --draft`'s check (spec.rs): token ids mean the same in both models only
-    // with one tokenizer.
-    if draft.config.vocab != target.config.vocab {
-        bail!(
-            "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
-            a.model.display(),
-            draft.config.vocab,
-            target.config.vocab
-        );
-    }
+    crate::spec::same_token_ids(&a.model, draft, &target)?;
     let windows = draft_eval_windows(draft, a.windows)?;
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut accepted, mut verifies) = (0usize, 0usize);
@@ -2205,9 +2201,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         );
     }
     let threads = crate::threads(a.threads)?;
-    if !(a.max_scale > 0.0 && a.max_scale <= 1.0) {
-        bail!("--max-scale {}: must be in (0, 1]", a.max_scale);
-    }
+    check_max_scale(a.max_scale)?;
     if let (Some(t), Some("safetensors")) =
         (&a.target, a.model.extension().and_then(|e| e.to_str()))
     {

@@ -54,6 +54,16 @@ impl Drop for Cleanup {
     }
 }
 
+/// `write` through a buffer into `file`, flushed; the file back.
+fn fill<F>(file: File, write: F) -> std::io::Result<File>
+where
+    F: FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+{
+    let mut w = BufWriter::with_capacity(1 << 22, file);
+    write(&mut w)?;
+    w.into_inner().map_err(|e| e.into_error())
+}
+
 /// Write `target` atomically: `write` fills a buffered writer on the temporary file; errors name
 /// `target`. A device or a pipe is written in place; through a symbolic link, the file it points
 /// to is replaced (created, for a dangling link); an existing file's permissions are kept.
@@ -75,10 +85,7 @@ where
             .write(true)
             .open(target)
             .map_err(err)?;
-        let mut w = BufWriter::with_capacity(1 << 22, file);
-        write(&mut w).map_err(err)?;
-        w.into_inner().map_err(|e| err(e.into_error()))?;
-        return Ok(());
+        return fill(file, write).map(drop).map_err(err);
     }
     // Through a symbolic link, the file it points to is replaced (or created), not the link.
     let mut real = target.to_path_buf();
@@ -94,9 +101,7 @@ where
     if let Ok(m) = std::fs::metadata(target) {
         file.set_permissions(m.permissions()).map_err(err)?;
     }
-    let mut w = BufWriter::with_capacity(1 << 22, file);
-    write(&mut w).map_err(err)?;
-    let file = w.into_inner().map_err(|e| err(e.into_error()))?;
+    let file = fill(file, write).map_err(err)?;
     file.sync_all().map_err(err)?;
     drop(file);
     std::fs::rename(&part, target).map_err(err)?;

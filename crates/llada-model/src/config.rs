@@ -317,67 +317,54 @@ impl ModelConfig {
                     FormatError::metadata(path, key, " is missing or not an integer").into()
                 })
         };
-        // Optional fields: absent or `null` gives the default; present with the wrong type is an
-        // error naming the key (never a silent fallback to the default).
+        // Optional fields: absent or `null` gives the default; present, `conv` must read it,
+        // else an error naming the key and `what` it should be (never a silent fallback).
         let present = |key: &str| cfg.get(key).filter(|v| !v.is_null());
-        let opt_u = |key: &str| -> Result<Option<u64>, ModelError> {
-            present(key)
-                .map(|v| {
-                    v.as_u64().ok_or_else(|| {
-                        FormatError::metadata(path, key, ": not a non-negative integer").into()
-                    })
-                })
+        fn opt<T>(
+            v: Option<&J>,
+            path: &Path,
+            key: &str,
+            what: &str,
+            conv: impl Fn(&J) -> Option<T>,
+        ) -> Result<Option<T>, ModelError> {
+            v.map(|v| conv(v).ok_or_else(|| FormatError::metadata(path, key, what).into()))
                 .transpose()
+        }
+        let opt_u = |key: &str| {
+            opt(
+                present(key),
+                path,
+                key,
+                ": not a non-negative integer",
+                J::as_u64,
+            )
         };
-        let opt_f = |key: &str| -> Result<Option<f64>, ModelError> {
-            present(key)
-                .map(|v| {
-                    v.as_f64()
-                        .ok_or_else(|| FormatError::metadata(path, key, ": not a number").into())
-                })
-                .transpose()
-        };
-        let opt_b = |key: &str| -> Result<Option<bool>, ModelError> {
-            present(key)
-                .map(|v| {
-                    v.as_bool()
-                        .ok_or_else(|| FormatError::metadata(path, key, ": not a boolean").into())
-                })
-                .transpose()
-        };
+        let opt_f = |key: &str| opt(present(key), path, key, ": not a number", J::as_f64);
+        let opt_b = |key: &str| opt(present(key), path, key, ": not a boolean", J::as_bool);
         let id = |key: &str| -> Result<Option<u32>, ModelError> {
             opt_u(key)?.map(|v| token_id(path, key, v)).transpose()
         };
         // `eos_token_id` may be a list (LLaMA-3.1 and others): the first is the EOS id, the
         // others are checked against the vocabulary too.
-        let (eos_id, more_eos) = match present("eos_token_id") {
-            Some(J::Array(a)) => {
-                let ids = a
-                    .iter()
-                    .map(|x| {
-                        x.as_u64()
-                            .ok_or_else(|| {
-                                ModelError::from(FormatError::metadata(
-                                    path,
-                                    "eos_token_id",
-                                    ": not a token id or a list of token ids",
-                                ))
-                            })
-                            .and_then(|v| token_id(path, "eos_token_id", v))
-                    })
-                    .collect::<Result<Vec<u32>, _>>()?;
-                (ids.first().copied(), ids)
-            }
-            Some(v) if !v.is_u64() => {
-                return Err(FormatError::metadata(
-                    path,
-                    "eos_token_id",
-                    ": not a token id or a list of token ids",
-                )
-                .into())
-            }
-            _ => (id("eos_token_id")?, Vec::new()),
+        let eos_ids: Vec<u32> = match present("eos_token_id") {
+            None => vec![],
+            Some(v) => v
+                .as_array()
+                .map_or(std::slice::from_ref(v), |a| a.as_slice())
+                .iter()
+                .map(|x| {
+                    let v = x.as_u64().ok_or_else(|| {
+                        FormatError::metadata(
+                            path,
+                            "eos_token_id",
+                            ": not a token id or a list of token ids",
+                        )
+                    })?;
+                    token_id(path, "eos_token_id", v)
+                })
+                .collect::<Result<_, _>>()?,
         };
+        let (eos_id, more_eos) = (eos_ids.first().copied(), eos_ids);
         let vocab_ids: Option<Vec<u32>> = match cfg.get("reduced_vocab_ids") {
             None | Some(J::Null) => None,
             Some(v) => Some(

@@ -72,6 +72,14 @@ pub(crate) enum Scheme {
 }
 
 impl Scheme {
+    /// What every tensor name of layer `N` starts with, before `N.`.
+    fn layer_prefix(self) -> &'static str {
+        match self {
+            Scheme::Gguf => "blk.",
+            Scheme::Hf(Arch::LLaDA) => "model.transformer.blocks.",
+            Scheme::Hf(_) => "model.layers.",
+        }
+    }
     fn names(self, i: usize) -> Names {
         match self {
             Scheme::Gguf => gguf_names(i),
@@ -245,7 +253,7 @@ impl Recipe {
 }
 
 fn gguf_names(i: usize) -> Names {
-    let p = format!("blk.{i}.");
+    let p = format!("{}{i}.", Scheme::Gguf.layer_prefix());
     Names {
         attn_norm: format!("{p}attn_norm.weight"),
         q: format!("{p}attn_q.weight"),
@@ -266,7 +274,7 @@ fn gguf_names(i: usize) -> Names {
 
 fn hf_names(arch: Arch, i: usize) -> Names {
     if arch == Arch::LLaDA {
-        let p = format!("model.transformer.blocks.{i}.");
+        let p = format!("{}{i}.", Scheme::Hf(arch).layer_prefix());
         Names {
             attn_norm: format!("{p}attn_norm.weight"),
             q: format!("{p}q_proj.weight"),
@@ -284,7 +292,7 @@ fn hf_names(arch: Arch, i: usize) -> Names {
             ],
         }
     } else {
-        let p = format!("model.layers.{i}.");
+        let p = format!("{}{i}.", Scheme::Hf(arch).layer_prefix());
         Names {
             attn_norm: format!("{p}input_layernorm.weight"),
             q: format!("{p}self_attn.q_proj.weight"),
@@ -422,12 +430,7 @@ fn matrix(
 /// The layer a tensor belongs to under `scheme` (`blk.N.*`, `model.layers.N.*`,
 /// `model.transformer.blocks.N.*`), if it is a layer tensor.
 fn layer_of(scheme: Scheme, name: &str) -> Option<u64> {
-    let prefix = match scheme {
-        Scheme::Gguf => "blk.",
-        Scheme::Hf(Arch::LLaDA) => "model.transformer.blocks.",
-        Scheme::Hf(_) => "model.layers.",
-    };
-    let rest = name.strip_prefix(prefix)?;
+    let rest = name.strip_prefix(scheme.layer_prefix())?;
     let (n, _) = rest.split_once('.')?;
     if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
         return None;
