@@ -744,14 +744,14 @@ settings: block {}, threshold {}, multi-block window {} (lookahead below {} mask
                 p.model, p.window, p.ms, p.ms_per_token
             ));
         }
-        std::fs::write(a.out_dir.join("sweep.csv"), scsv)?;
+        llada_formats::atomic::write(&a.out_dir.join("sweep.csv"), scsv.as_bytes())?;
         plot(&sweep, &a.out_dir.join("sweep.svg"))?;
     }
-    std::fs::write(a.out_dir.join("runs.csv"), csv)?;
-    std::fs::write(a.out_dir.join("report.md"), &md)?;
-    std::fs::write(
-        a.out_dir.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
+    llada_formats::atomic::write(&a.out_dir.join("runs.csv"), csv.as_bytes())?;
+    llada_formats::atomic::write(&a.out_dir.join("report.md"), md.as_bytes())?;
+    llada_formats::atomic::write(
+        &a.out_dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
     )?;
     if a.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -1200,12 +1200,12 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             ", EMULATED storage bandwidth {g} GB/s"
         ))
     ));
-    std::fs::write(a.out_dir.join("report.md"), &md)?;
-    std::fs::write(a.out_dir.join("runs.csv"), csv)?;
+    llada_formats::atomic::write(&a.out_dir.join("report.md"), md.as_bytes())?;
+    llada_formats::atomic::write(&a.out_dir.join("runs.csv"), csv.as_bytes())?;
     plot_spec(&runs, &sd, &a.budgets, &a.out_dir.join("tokens_per_s.svg"))?;
-    std::fs::write(
-        a.out_dir.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
+    llada_formats::atomic::write(
+        &a.out_dir.join("report.json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
     )?;
     if a.json {
         println!("{report}");

@@ -905,7 +905,8 @@ fn read_words(path: &std::path::Path) -> Option<Vec<u32>> {
 fn write_words(path: &std::path::Path, w: &[u32]) -> Result<()> {
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::create_dir_all("data")?;
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+    llada_formats::atomic::write(path, &bytes)?;
+    Ok(())
 }
 
 /// Tokens of a `generated` distillation window's corpus prefix.

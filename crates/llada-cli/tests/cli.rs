@@ -427,6 +427,15 @@ fn bad_input_is_a_clear_error() {
             "a diffusion model",
         ),
         (
+            &[
+                "bench",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tiny-dream-tasks"),
+                "--reps",
+                "1",
+            ],
+            "`llada bench diffusion` measures its decoding",
+        ),
+        (
             &["train-feature-draft", "--held-out", "0"],
             "--held-out must be at least 1",
         ),

@@ -64,6 +64,11 @@ where
     w.into_inner().map_err(|e| e.into_error())
 }
 
+/// Write `bytes` to `target` atomically ([`write_with`]).
+pub fn write(target: &Path, bytes: &[u8]) -> Result<(), FormatError> {
+    write_with(target, |w| std::io::Write::write_all(w, bytes))
+}
+
 /// Write `target` atomically: `write` fills a buffered writer on the temporary file; errors name
 /// `target`. A device or a pipe is written in place; through a symbolic link, the file it points
 /// to is replaced (created, for a dangling link); an existing file's permissions are kept.

@@ -609,8 +609,8 @@ impl DataSource for TaskData {
         Ok(out)
     }
     fn save_tokenizer(&self, dir: &Path) -> Result<()> {
-        std::fs::write(
-            dir.join("tokenizer.json"),
+        write_file(
+            &dir.join("tokenizer.json"),
             CharVocab::tokenizer_json().to_string(),
         )?;
         // Task prompts are used as they are: a template that adds nothing.
@@ -619,8 +619,8 @@ impl DataSource for TaskData {
             "bos_token": "<|startoftext|>",
             "eos_token": "<|endoftext|>"
         });
-        std::fs::write(
-            dir.join("tokenizer_config.json"),
+        write_file(
+            &dir.join("tokenizer_config.json"),
             serde_json::to_string_pretty(&tcfg)?,
         )?;
         Ok(())
@@ -832,12 +832,14 @@ impl DataSource for ProseData {
         })
     }
     fn save_tokenizer(&self, dir: &Path) -> Result<()> {
-        self.tokenizer
-            .save(dir.join("tokenizer.json"), false)
+        let json = self
+            .tokenizer
+            .to_string(false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer: {e}"))?;
+        write_file(&dir.join("tokenizer.json"), json)?;
         let tcfg = serde_json::json!({"chat_template": "{{ messages[0]['content'] }}", "eos_token": "<|endoftext|>"});
-        std::fs::write(
-            dir.join("tokenizer_config.json"),
+        write_file(
+            &dir.join("tokenizer_config.json"),
             serde_json::to_string_pretty(&tcfg)?,
         )?;
         if let Some((ids, vocab)) = &self.reduced_vocab {
@@ -846,7 +848,7 @@ impl DataSource for ProseData {
                 serde_json::from_str(&std::fs::read_to_string(&path)?)?;
             cfg["vocab_size"] = serde_json::json!(vocab);
             cfg["reduced_vocab_ids"] = serde_json::json!(ids);
-            std::fs::write(&path, serde_json::to_string(&cfg)?)?;
+            write_file(&path, serde_json::to_string(&cfg)?)?;
         }
         Ok(())
     }
@@ -862,7 +864,9 @@ pub fn save_with(model: &TrainModel, data: &dyn DataSource, dir: &Path) -> Resul
 /// [`save_with`]).
 pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join("model.safetensors.tmp");
+    // candle writes a path, not a writer: a temporary name unique to this process, renamed
+    // over the checkpoint once complete (as `write_file` does for the other files).
+    let tmp = dir.join(format!("model.safetensors.{}.part", std::process::id()));
     let dtype = if model.spec.store_f16 {
         candle_core::DType::F16
     } else {
@@ -876,12 +880,27 @@ pub fn save(model: &TrainModel, dir: &Path) -> Result<()> {
         .iter()
         .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(dtype)?)))
         .collect::<candle_core::Result<_>>()?;
-    candle_core::safetensors::save(&tensors, &tmp)?;
-    std::fs::rename(&tmp, dir.join("model.safetensors"))?;
-    std::fs::write(
-        dir.join("config.json"),
+    if let Err(e) = candle_core::safetensors::save(&tensors, &tmp)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(std::fs::rename(&tmp, dir.join("model.safetensors"))?))
+    {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!(
+            "writing {}",
+            dir.join("model.safetensors").display()
+        )));
+    }
+    write_file(
+        &dir.join("config.json"),
         serde_json::to_string_pretty(&model.spec.config_json())?,
     )?;
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically (`llada_formats::atomic`): an interrupted run never
+/// leaves a truncated checkpoint file, nor destroys the one it resumed from.
+pub(crate) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<()> {
+    llada_formats::atomic::write(path, bytes.as_ref())?;
     Ok(())
 }
 
@@ -1135,8 +1154,7 @@ pub fn train(
                 tokens,
                 options: opts.clone(),
             };
-            std::fs::write(&state_path, serde_json::to_string_pretty(&st)?)
-                .with_context(|| format!("writing {}", state_path.display()))?;
+            write_file(&state_path, serde_json::to_string_pretty(&st)?)?;
             last = Some(st);
             // The bar is invisible when stderr is a file (a background run): log a line.
             if !quiet && !std::io::stderr().is_terminal() {

@@ -74,11 +74,10 @@ impl ExitProbe {
         Ok(p)
     }
 
+    /// Writes the probe atomically (`llada_formats::atomic`).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(self).map_err(std::io::Error::other)?,
-        )
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        llada_formats::atomic::write(path, json.as_bytes()).map_err(std::io::Error::other)
     }
 }
 
