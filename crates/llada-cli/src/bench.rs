@@ -205,13 +205,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
     // Prefill and one-token decode are left-to-right measures: a diffusion model decodes in
     // steps over a whole block, which `bench diffusion` times.
-    if model.config.arch.is_diffusion() {
-        bail!(
-            "{} is a diffusion model ({:?}): `llada bench diffusion` measures its decoding; `llada bench` times left-to-right prefill and decode",
-            path.display(),
-            model.config.arch
-        );
-    }
+    crate::left_to_right(
+        &model,
+        &path.display().to_string(),
+        "`llada bench diffusion` measures its decoding; `llada bench` times left-to-right prefill and decode",
+    )?;
     // The prefill run generates one token after the prompt; the decode run continues the
     // prompt's first 8 tokens.
     let need = (a.prompt_tokens + 1).max(8.min(a.prompt_tokens) + a.gen_tokens);

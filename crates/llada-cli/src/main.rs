@@ -74,6 +74,19 @@ impl<T> LoadContext<T> for std::result::Result<T, llada_model::ModelError> {
 /// count whose thread creation alone stalls the process (`--threads 100000` did).
 const MAX_THREADS: usize = 1024;
 
+/// Commands that decode left to right (generate in AR or speculative mode, chat, `bench`,
+/// `bench spec`, the train-* commands) refuse a diffusion model: `who` names it (its path, or
+/// the option and path), `hint` says what to run instead.
+pub(crate) fn left_to_right(model: &Model, who: &str, hint: &str) -> Result<()> {
+    if model.config.arch.is_diffusion() {
+        bail!(
+            "{who} is a diffusion model ({:?}): {hint}",
+            model.config.arch
+        );
+    }
+    Ok(())
+}
+
 /// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
 /// Without `--threads`, the default (every core, or `RAYON_NUM_THREADS`) is capped instead.
 pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {
@@ -402,13 +415,11 @@ fn load(args: &ModelArgs, quiet: bool) -> Result<(Model, Lane)> {
     let path = models::resolve(&args.model, quiet)?;
     let model = load_model(&path, &opts)?;
     // Left to right, a diffusion model predicts nothing useful (its first token is often EOS).
-    if model.config.arch.is_diffusion() {
-        bail!(
-            "{} is a diffusion model ({:?}): run it with `llada generate --mode diffusion`",
-            path.display(),
-            model.config.arch
-        );
-    }
+    left_to_right(
+        &model,
+        &path.display().to_string(),
+        "run it with `llada generate --mode diffusion`",
+    )?;
     let lane = Lane::new("dense", threads)?;
     if args.trace.is_some() {
         Tracer::global().enable(true);

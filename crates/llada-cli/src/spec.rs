@@ -1343,14 +1343,11 @@ const PROBE_COST: llada_decode::speculative::tree::CostModel =
 /// Speculative decoding, its drafts and probes serve a left-to-right target: a diffusion model
 /// is refused (`bench spec`, and the train-* commands, whose output could never run).
 fn left_to_right(target: &Model, path: &std::path::Path) -> Result<()> {
-    if target.config.arch.is_diffusion() {
-        bail!(
-            "--target {}: a diffusion model ({:?}); speculative decoding and its drafts need a left-to-right target",
-            path.display(),
-            target.config.arch
-        );
-    }
-    Ok(())
+    crate::left_to_right(
+        target,
+        &format!("--target {}", path.display()),
+        "speculative decoding and its drafts need a left-to-right target",
+    )
 }
 
 pub fn train_probe(a: TrainProbeArgs) -> Result<()> {

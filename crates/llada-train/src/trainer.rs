@@ -446,6 +446,28 @@ pub struct TaskData {
 }
 
 impl TaskData {
+    /// `tasks` at full length in `batch`-row batches seeded by `seed`, with nothing else on:
+    /// no token budget, curriculum, structured masks, warm-up, answer padding or EOS tails,
+    /// one length band per batch, the uniform mix. Other settings by struct update.
+    pub fn plain(tasks: Vec<&'static str>, batch: usize, seed: u64) -> Self {
+        TaskData {
+            batch,
+            batch_tokens: 0,
+            seed,
+            curriculum: 1.0,
+            tasks,
+            max_scale: 1.0,
+            structured: 0.0,
+            ar_warmup: 0.0,
+            two_stream: false,
+            pad_answers: 0,
+            eos_tail: None,
+            hide_padding: false,
+            bands: true,
+            mix: TaskMix::default(),
+        }
+    }
+
     /// The tasks drawn from, as listed (a task listed twice is drawn twice as often; empty
     /// `tasks` means all of them once).
     fn listed_tasks(&self) -> Vec<&'static str> {
@@ -957,20 +979,8 @@ pub fn train_tasks(
     quiet: bool,
 ) -> Result<TrainState> {
     let mut data = TaskData {
-        batch: opts.batch,
-        batch_tokens: 0,
-        seed: opts.seed,
         curriculum: opts.curriculum,
-        tasks: vec![],
-        max_scale: 1.0,
-        structured: 0.0,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
-        mix: TaskMix::default(),
+        ..TaskData::plain(vec![], opts.batch, opts.seed)
     };
     train(spec, opts, out, resume, quiet, &mut data)
 }

@@ -31,20 +31,8 @@ fn spec() -> ModelSpec {
 
 fn data(max_scale: f64) -> TaskData {
     TaskData {
-        batch: 2,
-        batch_tokens: 0,
-        seed: 0,
-        curriculum: 1.0,
-        tasks: vec!["rev"],
         max_scale,
-        structured: 0.0,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
-        mix: Default::default(),
+        ..TaskData::plain(vec!["rev"], 2, 0)
     }
 }
 

@@ -607,20 +607,8 @@ fn fine_tuning_starts_from_the_given_checkpoint() {
     let dev = Device::Cpu;
     let base = std::env::temp_dir().join(format!("llada-train-ft-{}", std::process::id()));
     let data = || TaskData {
-        batch: 2,
-        batch_tokens: 0,
-        seed: 0,
-        curriculum: 1.0,
-        tasks: vec!["rev"],
         max_scale: 0.1,
-        structured: 0.0,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
-        mix: Default::default(),
+        ..TaskData::plain(vec!["rev"], 2, 0)
     };
     let weights = |dir: &std::path::Path| -> Vec<(String, Vec<f32>)> {
         let t = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
