@@ -110,13 +110,18 @@ def one(rng, task, scale=1.0, lo=0.0):
     return q, solve(task, q)
 
 
-def example(rng, task, held_out=False, scale=1.0, lo=0.0):
-    """(prompt, answer) of `task`, drawn until it falls on the requested side of the split."""
+def example(rng, task, held_out=False, scale=1.0, lo=0.0, subtasks=None):
+    """(prompt, answer) of `task`, drawn until it falls on the requested side of the split.
+    `subtasks` ({sub-task: weight}) weights the items of a multi-question prompt for training
+    (`--multi-mix`); None draws them uniformly, as the held-out split and tasks.rs do."""
+    names, weights = zip(*subtasks.items()) if subtasks else (None, None)
     while True:
         if task == "multi":
             ps, ans = [], []
             for i in range(1, MULTI_QUESTIONS + 1):
-                p, a = one(rng, rng.choice(MULTI_SUBTASKS), scale, lo)
+                sub = (rng.choices(names, weights)[0] if subtasks
+                       else rng.choice(MULTI_SUBTASKS))
+                p, a = one(rng, sub, scale, lo)
                 ps.append(f"{i}>{p:>{MULTI_SLOT}}")
                 ans.append(f"{i}>{a:<{MULTI_SLOT}}")
             prompt, answer = ";".join(ps) + "=", ";".join(ans)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 # ---------------------------------------------------------------- vocabulary and tasks
-from task_data import (BOS, EOS, MASK, SPECIALS, TASKS, VOCAB,  # noqa: E402
+from task_data import (BOS, EOS, MASK, MULTI_SUBTASKS, SPECIALS, TASKS, VOCAB,  # noqa: E402
                        CHARS, decode, example, solve_prompt, tokenizer_json)
 
 _LUT = np.zeros(256, dtype=np.int64)
@@ -78,9 +78,10 @@ class Batches(torch.utils.data.IterableDataset):
     """Endless (rows, starts, ends) batches of one task each and ≈ `batch_tokens` tokens; every
     data-loader worker process draws from its own seed."""
 
-    def __init__(self, seed, weights, batch_tokens, pad_to, bands, tail=None):
+    def __init__(self, seed, weights, batch_tokens, pad_to, bands, tail=None, multi=None):
         self.seed, self.weights, self.bands = seed, weights, bands
         self.batch_tokens, self.pad_to, self.tail = batch_tokens, pad_to, tail
+        self.multi = multi
 
     def tails(self, rng, n):
         """Per row: None (the region rounded up to `pad_to`) or, with probability P of
@@ -102,11 +103,11 @@ class Batches(torch.utils.data.IterableDataset):
             band = rng.randrange(4)
             banded = self.bands and task != "multi"
             scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
-            first = [example(rng, task, False, scale, lo) for _ in range(4)]
+            first = [example(rng, task, False, scale, lo, self.multi) for _ in range(4)]
             tails = self.tails(rng, 4)
             probe, _, _ = layout(first, self.pad_to, tails)
             n = max(4, self.batch_tokens // probe.shape[1])
-            more = [example(rng, task, False, scale, lo) for _ in range(n - 4)]
+            more = [example(rng, task, False, scale, lo, self.multi) for _ in range(n - 4)]
             tails = tails and tails + self.tails(rng, n - 4)
             rows, starts, ends = layout(first + more, self.pad_to, tails)
             yield torch.from_numpy(rows), torch.from_numpy(starts), torch.from_numpy(ends)
@@ -497,6 +498,11 @@ def parse():
                     "as the first stage left it is saved in OUT/stage1. On two threads the "
                     "stage cost tiny-llada-tasks its rows (docs/training.md, 'One sort-weighted "
                     "stage (stop 46)')")
+    ap.add_argument("--multi-mix", metavar="SUB:WEIGHT,…",
+                    help="weights of the sub-tasks (add, rev, cumsum) of the five items of a "
+                         "training multi-question row, in both stages (default: uniform, as the "
+                         "held-out split draws them; e.g. add:1,rev:2,cumsum:1 gives the rows' "
+                         "reversal lookup twice the items)")
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
@@ -507,19 +513,21 @@ def parse():
                          "weights in OUT (each average's decay ramps up as (1+step)/(10+step))")
     a = ap.parse_args()
 
-    def weights(flag, spec):
+    def weights(flag, spec, allowed=TASKS):
         # Parsed here, not where the batches are made: a typo in --late-mix would otherwise
         # surface only when the second stage begins, most of a run later.
         try:
             w = {k: float(v) for k, v in (kv.split(":") for kv in spec.split(","))}
         except ValueError:
             ap.error(f"{flag} {spec!r}: expected TASK:WEIGHT,… (e.g. add:1,sort:2)")
-        if not set(w) <= set(TASKS) or min(w.values()) < 0 or sum(w.values()) <= 0:
-            ap.error(f"{flag} {spec!r}: tasks are {', '.join(TASKS)}, weights ≥ 0, not all 0")
+        if not set(w) <= set(allowed) or min(w.values()) < 0 or sum(w.values()) <= 0:
+            ap.error(f"{flag} {spec!r}: tasks are {', '.join(allowed)}, weights ≥ 0, not all 0")
         return w
 
     a.mix_weights = weights("--mix", a.mix)
     a.late_weights = weights("--late-mix", a.late_mix) if a.late_mix else None
+    a.multi_weights = (weights("--multi-mix", a.multi_mix, MULTI_SUBTASKS) if a.multi_mix
+                       else None)
     if not 0 <= a.ar_mix < 1:
         ap.error(f"--ar-mix {a.ar_mix}: must lie in [0, 1)")
     try:
@@ -531,6 +539,16 @@ def parse():
     if a.late_mix and not 0 < a.late_from < 1:
         ap.error(f"--late-from {a.late_from}: must lie strictly between 0 and 1")
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
+    # The model's shape, checked here: a bad one would otherwise fail as a reshape error
+    # inside the first attention call.
+    if min(a.d_model, a.layers, a.heads, a.kv_heads) < 1:
+        ap.error("--d-model, --layers, --heads and --kv-heads must be at least 1")
+    if a.d_model % a.heads or (a.d_model // a.heads) % 2:
+        ap.error(f"--d-model {a.d_model} / --heads {a.heads}: the head dimension must be a whole, "
+                 "even number (RoPE rotates pairs)")
+    if a.heads % a.kv_heads:
+        ap.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads} (each key/value head "
+                 "serves a whole group of query heads)")
     a.ffn = a.ffn or 3 * a.d_model
     a.eps = 1e-5 if a.format == "llada" else 1e-6
     if a.ar_warmup is None:
@@ -656,7 +674,8 @@ def train(a, dev):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
         return iter(torch.utils.data.DataLoader(
-            Batches(seed, mix, a.batch_tokens, 32, a.bands, tail), batch_size=None,
+            Batches(seed, mix, a.batch_tokens, 32, a.bands, tail, a.multi_weights),
+            batch_size=None,
             num_workers=a.producers, pin_memory=cuda,
             prefetch_factor=8 if a.producers else None))
 

@@ -313,7 +313,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let recs = Tracer::global().drain();
         Tracer::global().enable(false);
         let header = serde_json::json!({"llada_trace": 1, "model": path.display().to_string(), "bench": "decode"});
-        Tracer::write_jsonl(p, &header, &recs)?;
+        llada_formats::atomic::write_with(p, |w| Tracer::write_jsonl(w, &header, &recs))?;
     }
     let mut matmul = vec![];
     if !a.no_matmul {

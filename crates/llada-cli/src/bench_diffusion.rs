@@ -443,9 +443,21 @@ fn model_name(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
+/// Draw the sweep's plot and write it atomically (rendered to a string first, so a failed or
+/// interrupted run never leaves half an SVG where a previous report's plot was).
 fn plot(sweep: &[SweepPoint], path: &Path) -> Result<()> {
+    let mut svg = String::new();
+    draw_sweep(
+        sweep,
+        plotters::prelude::SVGBackend::with_string(&mut svg, (900, 420)),
+    )?;
+    llada_formats::atomic::write(path, svg.as_bytes())?;
+    Ok(())
+}
+
+fn draw_sweep(sweep: &[SweepPoint], backend: plotters::prelude::SVGBackend<'_>) -> Result<()> {
     use plotters::prelude::*;
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    let root = backend.into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(450);
     let models: Vec<String> = {

@@ -209,7 +209,7 @@ pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
 /// Write the operator records collected so far to `path` (JSONL after `header`).
 fn write_trace_file(path: &std::path::Path, header: &serde_json::Value) -> Result<()> {
     let recs = Tracer::global().drain();
-    Tracer::write_jsonl(path, header, &recs)
+    llada_formats::atomic::write_with(path, |w| Tracer::write_jsonl(w, header, &recs))
         .with_context(|| format!("writing trace {}", path.display()))?;
     eprintln!(
         "trace: {} operator records written to {}",

@@ -1227,13 +1227,23 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Bars of tokens/s per configuration (AR and the summary drafter), one colour per budget.
+/// Bars of tokens/s per configuration (AR and the summary drafter), one colour per budget,
+/// rendered to a string and written atomically (nothing is written when there is nothing to plot).
 fn plot_spec(
     runs: &[SpecRun],
     draft: &str,
     budgets: &[String],
     path: &std::path::Path,
 ) -> Result<()> {
+    let mut svg = String::new();
+    if draw_spec(runs, draft, budgets, &mut svg)? {
+        llada_formats::atomic::write(path, svg.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Draw [`plot_spec`]'s bars into `svg`; false when there is no configuration to draw.
+fn draw_spec(runs: &[SpecRun], draft: &str, budgets: &[String], svg: &mut String) -> Result<bool> {
     use plotters::prelude::*;
     let mut configs: Vec<&str> = vec![];
     for r in runs.iter().filter(|r| r.draft == draft || r.config == "ar") {
@@ -1242,10 +1252,11 @@ fn plot_spec(
         }
     }
     if configs.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let ymax = runs.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max) * 1.15;
-    let root = SVGBackend::new(path, (160 + 110 * configs.len() as u32, 420)).into_drawing_area();
+    let root =
+        SVGBackend::with_string(svg, (160 + 110 * configs.len() as u32, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let n = configs.len();
     let mut chart = ChartBuilder::on(&root)
@@ -1294,7 +1305,7 @@ fn plot_spec(
         .border_style(BLACK)
         .draw()?;
     root.present()?;
-    Ok(())
+    Ok(true)
 }
 
 /// `llada train-probe`: calibrate the early-exit verification probe of a draft.

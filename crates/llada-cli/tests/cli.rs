@@ -806,6 +806,12 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
     for f in ["report.md", "runs.csv", "report.json", "tokens_per_s.svg"] {
         assert!(out_dir.join(f).exists(), "{f} not written");
     }
+    // The plot is rendered to a string and written whole (atomically): a complete SVG document.
+    let svg = std::fs::read_to_string(out_dir.join("tokens_per_s.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "tokens_per_s.svg is not a whole SVG document"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
@@ -884,6 +890,24 @@ fn diffusion_generation_streams_under_a_budget() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mem-budget"));
+    // `--trace` writes the header line, then one JSON record per operator, whole.
+    let trace = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("diffusion-trace-{}.jsonl", std::process::id()));
+    let t = run(&["--trace", trace.to_str().unwrap()]);
+    assert_eq!(t["tokens"], base["tokens"]);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let _ = std::fs::remove_file(&trace);
+    let mut lines = text.lines();
+    let header: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(header["llada_trace"], 1, "{header}");
+    assert_eq!(header["mode"], "diffusion", "{header}");
+    let records: Vec<serde_json::Value> = lines.map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(records.len() >= 16, "{} records", records.len());
+    assert!(
+        records.iter().all(|r| r["op"].is_string()),
+        "{}",
+        records[0]
+    );
 }
 
 /// `llada synth` writes a GGUF that `llada generate` runs: its byte-level tokenizer encodes
@@ -1004,6 +1028,12 @@ fn bench_diffusion_reports_its_fields() {
     for f in ["report.md", "runs.csv", "sweep.csv", "sweep.svg"] {
         assert!(out_dir.join(f).exists(), "{f} not written");
     }
+    // The plot is rendered to a string and written whole (atomically): a complete SVG document.
+    let svg = std::fs::read_to_string(out_dir.join("sweep.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "sweep.svg is not a whole SVG document"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 

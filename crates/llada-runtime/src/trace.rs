@@ -101,19 +101,18 @@ impl Tracer {
             .map(|mut v| std::mem::take(&mut *v))
             .unwrap_or_default()
     }
-    /// Write `records` as JSON Lines with a header line.
-    pub fn write_jsonl(
-        path: &std::path::Path,
+    /// Write `records` as JSON Lines after a header line into `w` (callers hand it the buffered
+    /// writer of an atomic file write, so an interrupted run leaves no partial trace).
+    pub fn write_jsonl<W: std::io::Write>(
+        w: &mut W,
         header: &serde_json::Value,
         records: &[OpRecord],
     ) -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(f, "{}", header)?;
+        writeln!(w, "{}", header)?;
         for r in records {
-            writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default())?;
+            writeln!(w, "{}", serde_json::to_string(r).unwrap_or_default())?;
         }
-        f.flush()
+        w.flush()
     }
 }
 
