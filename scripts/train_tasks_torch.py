@@ -549,6 +549,22 @@ def parse():
     if a.heads % a.kv_heads:
         ap.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads} (each key/value head "
                  "serves a whole group of query heads)")
+    # Every other number, refused here with its flag rather than deep in a run (a zero budget
+    # divided by zero; a zero MLP width trained a degenerate model without a word).
+    for flag, ok, need in [
+            ("--minutes", a.minutes > 0, "> 0"), ("--steps", a.steps >= 1, "≥ 1"),
+            ("--ffn", a.ffn is None or a.ffn >= 1, "≥ 1"),
+            ("--rope-theta", a.rope_theta > 0, "> 0"),
+            ("--batch-tokens", a.batch_tokens >= 1, "≥ 1"), ("--lr", a.lr > 0, "> 0"),
+            ("--late-lr", a.late_lr > 0, "> 0"), ("--warmup-steps", a.warmup_steps >= 0, "≥ 0"),
+            ("--late-warmup-steps", a.late_warmup_steps >= 0, "≥ 0"),
+            ("--ar-warmup", a.ar_warmup is None or 0 <= a.ar_warmup <= 1, "in [0, 1]"),
+            ("--structured", 0 <= a.structured <= 1, "in [0, 1]"),
+            ("--threads", a.threads is None or a.threads >= 1, "≥ 1"),
+            ("--producers", a.producers >= 0, "≥ 0"), ("--save-every-s", a.save_every_s >= 0, "≥ 0"),
+            ("--eval-per-task", a.eval_per_task >= 0, "≥ 0"), ("--log-every", a.log_every >= 1, "≥ 1")]:
+        if not ok:
+            ap.error(f"{flag} {getattr(a, flag[2:].replace('-', '_'))}: must be {need}")
     a.ffn = a.ffn or 3 * a.d_model
     a.eps = 1e-5 if a.format == "llada" else 1e-6
     if a.ar_warmup is None:
