@@ -528,16 +528,12 @@ def parse():
     a.late_weights = weights("--late-mix", a.late_mix) if a.late_mix else None
     a.multi_weights = (weights("--multi-mix", a.multi_mix, MULTI_SUBTASKS) if a.multi_mix
                        else None)
-    if not 0 <= a.ar_mix < 1:
-        ap.error(f"--ar-mix {a.ar_mix}: must lie in [0, 1)")
     try:
         a.ema_decays = [float(d) for d in a.ema.split(",")] if a.ema else []
     except ValueError:
         ap.error(f"--ema {a.ema!r}: expected decays such as 0.999,0.9998")
     if any(not 0 < d < 1 for d in a.ema_decays):
         ap.error(f"--ema {a.ema!r}: every decay must lie strictly between 0 and 1")
-    if a.late_mix and not 0 < a.late_from < 1:
-        ap.error(f"--late-from {a.late_from}: must lie strictly between 0 and 1")
     a.kv_heads = a.kv_heads or (a.heads if a.format == "llada" else max(1, a.heads // 3))
     # The model's shape, checked here: a bad one would otherwise fail as a reshape error
     # inside the first attention call.
@@ -559,6 +555,8 @@ def parse():
             ("--late-lr", a.late_lr > 0, "> 0"), ("--warmup-steps", a.warmup_steps >= 0, "≥ 0"),
             ("--late-warmup-steps", a.late_warmup_steps >= 0, "≥ 0"),
             ("--ar-warmup", a.ar_warmup is None or 0 <= a.ar_warmup <= 1, "in [0, 1]"),
+            ("--ar-mix", 0 <= a.ar_mix < 1, "in [0, 1)"),
+            ("--late-from", not a.late_mix or 0 < a.late_from < 1, "strictly between 0 and 1"),
             ("--structured", 0 <= a.structured <= 1, "in [0, 1]"),
             ("--threads", a.threads is None or a.threads >= 1, "≥ 1"),
             ("--producers", a.producers >= 0, "≥ 0"), ("--save-every-s", a.save_every_s >= 0, "≥ 0"),

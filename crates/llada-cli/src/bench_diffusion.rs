@@ -443,21 +443,14 @@ fn model_name(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-/// Draw the sweep's plot and write it atomically (rendered to a string first, so a failed or
-/// interrupted run never leaves half an SVG where a previous report's plot was).
+/// The sweep's plot: time per window and per window token against the window (written
+/// atomically by [`crate::write_svg`]).
 fn plot(sweep: &[SweepPoint], path: &Path) -> Result<()> {
-    let mut svg = String::new();
-    draw_sweep(
-        sweep,
-        plotters::prelude::SVGBackend::with_string(&mut svg, (900, 420)),
-    )?;
-    llada_formats::atomic::write(path, svg.as_bytes())?;
-    Ok(())
+    crate::write_svg(path, (900, 420), |root| draw_sweep(sweep, root))
 }
 
-fn draw_sweep(sweep: &[SweepPoint], backend: plotters::prelude::SVGBackend<'_>) -> Result<()> {
+fn draw_sweep(sweep: &[SweepPoint], root: &crate::SvgArea<'_>) -> Result<()> {
     use plotters::prelude::*;
-    let root = backend.into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(450);
     let models: Vec<String> = {
@@ -508,7 +501,6 @@ fn draw_sweep(sweep: &[SweepPoint], backend: plotters::prelude::SVGBackend<'_>) 
             .border_style(BLACK)
             .draw()?;
     }
-    root.present()?;
     Ok(())
 }
 

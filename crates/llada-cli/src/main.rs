@@ -87,6 +87,28 @@ pub(crate) fn left_to_right(model: &Model, who: &str, hint: &str) -> Result<()> 
     Ok(())
 }
 
+/// A plot's drawing area: an SVG rendered into a string ([`write_svg`]).
+pub(crate) type SvgArea<'a> =
+    plotters::drawing::DrawingArea<plotters::prelude::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Render a `size`-pixel SVG plot with `draw` into a string, then write it to `path`
+/// atomically: a failing or interrupted run never leaves half a plot over a previous one.
+pub(crate) fn write_svg(
+    path: &std::path::Path,
+    size: (u32, u32),
+    draw: impl for<'a, 'b> FnOnce(&'b SvgArea<'a>) -> Result<()>,
+) -> Result<()> {
+    use plotters::prelude::IntoDrawingArea;
+    let mut svg = String::new();
+    {
+        let root = plotters::prelude::SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root)?;
+        root.present()?;
+    }
+    llada_formats::atomic::write(path, svg.as_bytes())?;
+    Ok(())
+}
+
 /// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
 /// Without `--threads`, the default (every core, or `RAYON_NUM_THREADS`) is capped instead.
 pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {

@@ -1228,23 +1228,13 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
 }
 
 /// Bars of tokens/s per configuration (AR and the summary drafter), one colour per budget,
-/// rendered to a string and written atomically (nothing is written when there is nothing to plot).
+/// written atomically by [`crate::write_svg`] (nothing is written when there is nothing to plot).
 fn plot_spec(
     runs: &[SpecRun],
     draft: &str,
     budgets: &[String],
     path: &std::path::Path,
 ) -> Result<()> {
-    let mut svg = String::new();
-    if draw_spec(runs, draft, budgets, &mut svg)? {
-        llada_formats::atomic::write(path, svg.as_bytes())?;
-    }
-    Ok(())
-}
-
-/// Draw [`plot_spec`]'s bars into `svg`; false when there is no configuration to draw.
-fn draw_spec(runs: &[SpecRun], draft: &str, budgets: &[String], svg: &mut String) -> Result<bool> {
-    use plotters::prelude::*;
     let mut configs: Vec<&str> = vec![];
     for r in runs.iter().filter(|r| r.draft == draft || r.config == "ar") {
         if !configs.contains(&r.config.as_str()) {
@@ -1252,14 +1242,27 @@ fn draw_spec(runs: &[SpecRun], draft: &str, budgets: &[String], svg: &mut String
         }
     }
     if configs.is_empty() {
-        return Ok(false);
+        return Ok(());
     }
+    let size = (160 + 110 * configs.len() as u32, 420);
+    crate::write_svg(path, size, |root| {
+        draw_spec(runs, draft, budgets, &configs, root)
+    })
+}
+
+/// Draw [`plot_spec`]'s bars, one group per entry of `configs`.
+fn draw_spec(
+    runs: &[SpecRun],
+    draft: &str,
+    budgets: &[String],
+    configs: &[&str],
+    root: &crate::SvgArea<'_>,
+) -> Result<()> {
+    use plotters::prelude::*;
     let ymax = runs.iter().map(|r| r.tokens_per_s).fold(0.0, f64::max) * 1.15;
-    let root =
-        SVGBackend::with_string(svg, (160 + 110 * configs.len() as u32, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let n = configs.len();
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(
             format!("bench spec: tokens/s ({draft})"),
             ("sans-serif", 16),
@@ -1304,8 +1307,7 @@ fn draw_spec(runs: &[SpecRun], draft: &str, budgets: &[String], svg: &mut String
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
-    Ok(true)
+    Ok(())
 }
 
 /// `llada train-probe`: calibrate the early-exit verification probe of a draft.

@@ -24,20 +24,10 @@ fn main() -> anyhow::Result<()> {
         init_std: 0.02,
     };
     let mut d = TaskData {
-        batch: 6,
-        batch_tokens: 0,
-        seed: 0,
         curriculum: 0.6,
-        tasks: vec!["rev"],
         max_scale: 0.25,
         structured: 0.5,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
-        mix: Default::default(),
+        ..TaskData::plain(vec!["rev"], 6, 0)
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let b = d.batch(100, 0.5, &spec, false, &mut rng, &candle_core::Device::Cpu)?;

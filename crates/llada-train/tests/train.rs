@@ -98,20 +98,8 @@ fn checkpoints_round_trip_through_the_engine_loader() {
         save_with(
             &model,
             &TaskData {
-                batch: 1,
-                batch_tokens: 0,
-                seed: 0,
-                curriculum: 1.0,
-                tasks: vec![],
-                max_scale: 1.0,
                 structured: 0.5,
-                ar_warmup: 0.0,
-                two_stream: false,
-                pad_answers: 0,
-                eos_tail: None,
-                hide_padding: false,
-                bands: true,
-                mix: Default::default(),
+                ..TaskData::plain(vec![], 1, 0)
             },
             &dir,
         )
@@ -710,20 +698,8 @@ fn token_budget_trims_long_batches_only() {
     let dev = Device::Cpu;
     let s = spec(Format::LLaDA);
     let data = |tasks: Vec<&'static str>, batch_tokens| TaskData {
-        batch: 32,
         batch_tokens,
-        seed: 3,
-        curriculum: 1.0,
-        tasks,
-        max_scale: 1.0,
-        structured: 0.0,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
-        mix: Default::default(),
+        ..TaskData::plain(tasks, 32, 3)
     };
     for step in 0..6 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(step);
@@ -1000,20 +976,9 @@ fn adaptive_mix_draws_tasks_by_held_out_loss() {
     let dev = Device::Cpu;
     let s = spec(Format::LLaDA);
     let mut data = TaskData {
-        batch: 4,
-        batch_tokens: 0,
-        seed: 5,
-        curriculum: 1.0,
-        tasks: vec!["add", "rev"],
         max_scale: 0.3,
-        structured: 0.0,
-        ar_warmup: 0.0,
-        two_stream: false,
-        pad_answers: 0,
-        eos_tail: None,
-        hide_padding: false,
-        bands: true,
         mix: TaskMix::with_adaptive(1.0),
+        ..TaskData::plain(vec!["add", "rev"], 4, 5)
     };
     let task_of = |data: &mut TaskData, step: u64| -> String {
         let mut rng = rand::rngs::StdRng::seed_from_u64(step);
@@ -1225,20 +1190,14 @@ fn task_data_eos_tails() {
     let dev = Device::Cpu;
     let s = spec(Format::LLaDA);
     let data = |eos_tail, hide_padding, ar_warmup| TaskData {
-        batch: 16,
-        batch_tokens: 0,
-        seed: 9,
-        curriculum: 1.0,
-        tasks: vec!["sort"],
-        max_scale: 1.0,
         structured: 0.5,
         ar_warmup,
-        two_stream: false,
         pad_answers: 32,
         eos_tail,
         hide_padding,
         bands: false,
         mix: TaskMix::with_adaptive(0.0),
+        ..TaskData::plain(vec!["sort"], 16, 9)
     };
     let eq = CharVocab::encode("=")[0];
     // Per row of one training batch: (clean prompt + answer, answer length, region length).
