@@ -289,29 +289,6 @@ def save(model, a, out, extra):
         json.dump(extra, f, indent=2)
 
 
-def split_by_length(rows, starts, ends, min_saving=0.15):
-    """The batch as [(rows, starts, ends, share)] parts to run one after another, their
-    gradients summed: with hidden padding (`ends` given) a batch whose rows' ends differ much
-    (sorts of 1 to 32 digits in one batch) is cut in two at the row count that computes the
-    fewest positions, the short rows cut to their own width (a multiple of 8). Nothing a row
-    sees or is weighted by changes — the padding cut off was hidden from attention and loss —
-    and each part's loss, an average over its rows, is scaled by its `share` of them, so the
-    parts' sum is the whole batch's loss. Split only when it saves at least `min_saving` of
-    the positions (two smaller products cost more per position)."""
-    whole = [(rows, starts, ends, 1.0)]
-    if ends is None or rows.shape[0] < 2:
-        return whole
-    b, t = rows.shape
-    order = torch.argsort(ends)
-    e = [-(-int(x) // 8) * 8 for x in ends[order]]
-    area, k = min((k * e[k - 1] + (b - k) * t, k) for k in range(1, b))
-    if area > (1 - min_saving) * b * t:
-        return whole
-    short, rest = order[:k], order[k:]
-    return [(rows[short, :e[k - 1]], starts[short], ends[short], k / b),
-            (rows[rest], starts[rest], ends[rest], (b - k) / b)]
-
-
 # ---------------------------------------------------------------- objectives (objective.rs)
 def weighted_ce(logits, targets, weights):
     """Σ weight · CE(logits, target) / B (objective.rs `weighted_ce`)."""
@@ -499,11 +476,6 @@ def parse():
                     "in bfloat16 (f32 weights, optimizer, residual stream, norms and loss); "
                     "on a CPU with avx512_bf16 it trains ≈ 1.5x the tokens per second (CUDA "
                     "uses autocast either way)")
-    ap.add_argument("--split-batches", action="store_true",
-                    help="with --padding hidden: run a batch whose rows differ much in length "
-                    "as two parts (short rows cut to their own width, gradients summed; the "
-                    "same loss and gradient as the whole batch), so that less of the hidden "
-                    "padding is computed (docs/training.md, 'Batches split by length')")
     ap.add_argument("--producers", type=int, default=3, help="batch-producing processes")
     ap.add_argument("--weights-only", action="store_true",
                     help="write config, weights and train state, not the tokenizer files")
@@ -540,7 +512,8 @@ def parse():
                     "10 %% of --lr; `continue`: one optimizer and one cosine (--lr to 10 %%) over "
                     "the whole run, the second stage changing only the batches (mix, EOS tails) "
                     "and dropping the warm-up objective, so the first stage is not annealed only "
-                    "to be heated again (--late-lr and --late-warmup-steps unused)")
+                    "to be heated again (--late-lr and --late-warmup-steps unused; stop 60's one run of it "
+                    "formed the rows and lost the sorts: docs/training.md)")
     ap.add_argument("--late-warmup-steps", type=int, default=50)
     ap.add_argument("--ema", default="",
                     help="comma-separated decays (e.g. 0.999,0.9998): also keep exponential moving "
@@ -603,9 +576,6 @@ def parse():
     if a.ar_warmup is None:
         a.ar_warmup = 0.3 if a.format == "llada" else 0.5
     a.row_ends = a.padding == "hidden"
-    if a.split_batches and not a.row_ends:
-        ap.error("--split-batches needs --padding hidden (the padding it cuts off must be "
-                 "hidden from the rows it belongs to)")
 
     def tail(flag, spec):
         if spec is None:
@@ -789,19 +759,14 @@ def train(a, dev):
         rows = rows.to(dev, non_blocking=True)
         starts = starts.to(dev, non_blocking=True)
         ends = ends.to(dev, non_blocking=True) if a.row_ends else None
-        parts = (split_by_length(rows, starts, ends) if a.split_batches
-                 else [(rows, starts, ends, 1.0)])
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            if next_token:
+                loss = warmup_loss(model, rows, starts, ends, a.format)
+            else:
+                loss = diffusion_loss(model, rows, starts, ends, a.format == "dream", 0.05,
+                                      a.structured, gen)
         opt.zero_grad(set_to_none=True)
-        loss = 0.0
-        for p_rows, p_starts, p_ends, share in parts:
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
-                if next_token:
-                    part = warmup_loss(model, p_rows, p_starts, p_ends, a.format)
-                else:
-                    part = diffusion_loss(model, p_rows, p_starts, p_ends, a.format == "dream",
-                                          0.05, a.structured, gen)
-            (part * share).backward()
-            loss = loss + part.detach() * share
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
