@@ -512,8 +512,8 @@ def parse():
                     "10 %% of --lr; `continue`: one optimizer and one cosine (--lr to 10 %%) over "
                     "the whole run, the second stage changing only the batches (mix, EOS tails) "
                     "and dropping the warm-up objective, so the first stage is not annealed only "
-                    "to be heated again (--late-lr and --late-warmup-steps unused; stop 60's one run of it "
-                    "formed the rows and lost the sorts: docs/training.md)")
+                    "to be heated again (--late-lr and --late-warmup-steps unused; stop 60's one "
+                    "run of it formed the rows and lost the sorts: docs/training.md)")
     ap.add_argument("--late-warmup-steps", type=int, default=50)
     ap.add_argument("--ema", default="",
                     help="comma-separated decays (e.g. 0.999,0.9998): also keep exponential moving "
