@@ -567,8 +567,10 @@ def parse():
             ("--late-from", not a.late_mix or 0 < a.late_from < 1, "strictly between 0 and 1"),
             ("--structured", 0 <= a.structured <= 1, "in [0, 1]"),
             ("--threads", a.threads is None or a.threads >= 1, "≥ 1"),
-            ("--producers", a.producers >= 0, "≥ 0"), ("--save-every-s", a.save_every_s >= 0, "≥ 0"),
-            ("--eval-per-task", a.eval_per_task >= 0, "≥ 0"), ("--log-every", a.log_every >= 1, "≥ 1")]:
+            ("--producers", a.producers >= 0, "≥ 0"),
+            ("--save-every-s", a.save_every_s >= 0, "≥ 0"),
+            ("--eval-per-task", a.eval_per_task >= 0, "≥ 0"),
+            ("--log-every", a.log_every >= 1, "≥ 1")]:
         if not ok:
             ap.error(f"{flag} {getattr(a, flag[2:].replace('-', '_'))}: must be {need}")
     a.ffn = a.ffn or 3 * a.d_model
