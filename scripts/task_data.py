@@ -110,10 +110,13 @@ def one(rng, task, scale=1.0, lo=0.0):
     return q, solve(task, q)
 
 
-def example(rng, task, held_out=False, scale=1.0, lo=0.0, subtasks=None):
+def example(rng, task, held_out=False, scale=1.0, lo=0.0, subtasks=None, short_rev=None):
     """(prompt, answer) of `task`, drawn until it falls on the requested side of the split.
     `subtasks` ({sub-task: weight}) weights the items of a multi-question prompt for training
-    (`--multi-mix`); None draws them uniformly, as the held-out split and tasks.rs do."""
+    (`--multi-mix`); None draws them uniformly, as the held-out split and tasks.rs do.
+    `short_rev` (P, MOST), for training only (`--multi-short-rev`): a multi-question prompt's
+    reversal item draws its word from 1 to MOST letters with probability P, else from the
+    full range."""
     names, weights = zip(*subtasks.items()) if subtasks else (None, None)
     while True:
         if task == "multi":
@@ -121,7 +124,10 @@ def example(rng, task, held_out=False, scale=1.0, lo=0.0, subtasks=None):
             for i in range(1, MULTI_QUESTIONS + 1):
                 sub = (rng.choices(names, weights)[0] if subtasks
                        else rng.choice(MULTI_SUBTASKS))
-                p, a = one(rng, sub, scale, lo)
+                if sub == "rev" and short_rev and rng.random() < short_rev[0]:
+                    p, a = one(rng, sub, short_rev[1] / REV_MAX, 0.0)
+                else:
+                    p, a = one(rng, sub, scale, lo)
                 ps.append(f"{i}>{p:>{MULTI_SLOT}}")
                 ans.append(f"{i}>{a:<{MULTI_SLOT}}")
             prompt, answer = ";".join(ps) + "=", ";".join(ans)

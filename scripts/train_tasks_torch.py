@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 # ---------------------------------------------------------------- vocabulary and tasks
-from task_data import (BOS, EOS, MASK, MULTI_SUBTASKS, SPECIALS, TASKS, VOCAB,  # noqa: E402
-                       CHARS, decode, example, solve_prompt, tokenizer_json)
+from task_data import (BOS, EOS, MASK, MULTI_SUBTASKS, REV_MAX, SPECIALS, TASKS,  # noqa: E402
+                       VOCAB, CHARS, decode, example, solve_prompt, tokenizer_json)
 
 _LUT = np.zeros(256, dtype=np.int64)
 for _i, _c in enumerate(CHARS):
@@ -78,10 +78,11 @@ class Batches(torch.utils.data.IterableDataset):
     """Endless (rows, starts, ends) batches of one task each and ≈ `batch_tokens` tokens; every
     data-loader worker process draws from its own seed."""
 
-    def __init__(self, seed, weights, batch_tokens, pad_to, bands, tail=None, multi=None):
+    def __init__(self, seed, weights, batch_tokens, pad_to, bands, tail=None, multi=None,
+                 short_rev=None):
         self.seed, self.weights, self.bands = seed, weights, bands
         self.batch_tokens, self.pad_to, self.tail = batch_tokens, pad_to, tail
-        self.multi = multi
+        self.multi, self.short_rev = multi, short_rev
 
     def tails(self, rng, n):
         """Per row: None (the region rounded up to `pad_to`) or, with probability P of
@@ -103,11 +104,11 @@ class Batches(torch.utils.data.IterableDataset):
             band = rng.randrange(4)
             banded = self.bands and task != "multi"
             scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
-            first = [example(rng, task, False, scale, lo, self.multi) for _ in range(4)]
+            first = [example(rng, task, False, scale, lo, self.multi, self.short_rev) for _ in range(4)]
             tails = self.tails(rng, 4)
             probe, _, _ = layout(first, self.pad_to, tails)
             n = max(4, self.batch_tokens // probe.shape[1])
-            more = [example(rng, task, False, scale, lo, self.multi) for _ in range(n - 4)]
+            more = [example(rng, task, False, scale, lo, self.multi, self.short_rev) for _ in range(n - 4)]
             tails = tails and tails + self.tails(rng, n - 4)
             rows, starts, ends = layout(first + more, self.pad_to, tails)
             yield torch.from_numpy(rows), torch.from_numpy(starts), torch.from_numpy(ends)
@@ -503,6 +504,12 @@ def parse():
                          "training multi-question row, in both stages (default: uniform, as the "
                          "held-out split draws them; e.g. add:1,rev:2,cumsum:1 gives the rows' "
                          "reversal lookup twice the items)")
+    ap.add_argument("--multi-short-rev", metavar="P:MOST",
+                    help="with probability P a training multi-question row's reversal item "
+                         "draws its word from 1 to MOST letters instead of 1 to 16, in both "
+                         "stages: short words sit behind the widest space padding of a row's "
+                         "right-aligned items, where stop 61's rows failed (default: the full "
+                         "range, as the held-out split draws them)")
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
     ap.add_argument("--late-lr", type=float, default=5e-4, help="peak lr of the second stage")
@@ -594,6 +601,16 @@ def parse():
         return out
 
     a.eos_tail = tail("--eos-tail", a.eos_tail)
+    if a.multi_short_rev is not None:
+        spec = a.multi_short_rev
+        try:
+            p, most = spec.split(":")
+            a.multi_short_rev = (float(p), int(most))
+        except ValueError:
+            ap.error(f"--multi-short-rev {spec!r}: expected P:MOST such as 0.3:6")
+        if not 0 < a.multi_short_rev[0] <= 1 or not 1 <= a.multi_short_rev[1] <= REV_MAX:
+            ap.error(f"--multi-short-rev {spec!r}: P must lie in (0, 1] and MOST in 1 to "
+                     f"{REV_MAX}")
     if a.late_eos_tail is not None and not a.late_mix:
         ap.error("--late-eos-tail needs --late-mix (a second stage)")
     a.late_eos_tail = (tail("--late-eos-tail", a.late_eos_tail) if a.late_eos_tail is not None
@@ -698,7 +715,8 @@ def train(a, dev):
         # Worker processes make the batches (the generator is Python: in the training process
         # it would hold the interpreter lock the training loop needs).
         return iter(torch.utils.data.DataLoader(
-            Batches(seed, mix, a.batch_tokens, 32, a.bands, tail, a.multi_weights),
+            Batches(seed, mix, a.batch_tokens, 32, a.bands, tail, a.multi_weights,
+                    a.multi_short_rev),
             batch_size=None,
             num_workers=a.producers, pin_memory=cuda,
             prefetch_factor=8 if a.producers else None))
