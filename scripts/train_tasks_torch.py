@@ -104,11 +104,13 @@ class Batches(torch.utils.data.IterableDataset):
             band = rng.randrange(4)
             banded = self.bands and task != "multi"
             scale, lo = ((band + 1) / 4, band / (band + 1)) if banded else (1.0, 0.0)
-            first = [example(rng, task, False, scale, lo, self.multi, self.short_rev) for _ in range(4)]
+            draw = lambda: example(rng, task, False, scale, lo, self.multi,  # noqa: E731
+                                   self.short_rev)
+            first = [draw() for _ in range(4)]
             tails = self.tails(rng, 4)
             probe, _, _ = layout(first, self.pad_to, tails)
             n = max(4, self.batch_tokens // probe.shape[1])
-            more = [example(rng, task, False, scale, lo, self.multi, self.short_rev) for _ in range(n - 4)]
+            more = [draw() for _ in range(n - 4)]
             tails = tails and tails + self.tails(rng, n - 4)
             rows, starts, ends = layout(first + more, self.pad_to, tails)
             yield torch.from_numpy(rows), torch.from_numpy(starts), torch.from_numpy(ends)
@@ -586,35 +588,33 @@ def parse():
         a.ar_warmup = 0.3 if a.format == "llada" else 0.5
     a.row_ends = a.padding == "hidden"
 
+    def share_count(flag, spec, name, sample, lo, hi, need):
+        """`P:N` of `flag`: a probability in (0, 1] and a count in [lo, hi]."""
+        try:
+            p, n = spec.split(":")
+            out = (float(p), int(n))
+        except ValueError:
+            ap.error(f"{flag} {spec!r}: expected P:{name} such as {sample}")
+        if not 0 < out[0] <= 1 or not lo <= out[1] <= hi:
+            ap.error(f"{flag} {spec!r}: P must lie in (0, 1] and {name} {need}")
+        return out
+
     def tail(flag, spec):
         if spec is None:
             return None
-        try:
-            p, most = spec.split(":")
-            out = (float(p), int(most))
-        except ValueError:
-            ap.error(f"{flag} {spec!r}: expected P:MAX such as 0.5:96")
-        if not 0 < out[0] <= 1 or out[1] < 0:
-            ap.error(f"{flag} {spec!r}: P must lie in (0, 1] and MAX be ≥ 0")
+        out = share_count(flag, spec, "MAX", "0.5:96", 0, math.inf, "be ≥ 0")
         if not a.row_ends:
             ap.error(f"{flag} needs --padding hidden (each row its own region)")
         return out
 
     a.eos_tail = tail("--eos-tail", a.eos_tail)
-    if a.multi_short_rev is not None:
-        spec = a.multi_short_rev
-        try:
-            p, most = spec.split(":")
-            a.multi_short_rev = (float(p), int(most))
-        except ValueError:
-            ap.error(f"--multi-short-rev {spec!r}: expected P:MOST such as 0.3:6")
-        if not 0 < a.multi_short_rev[0] <= 1 or not 1 <= a.multi_short_rev[1] <= REV_MAX:
-            ap.error(f"--multi-short-rev {spec!r}: P must lie in (0, 1] and MOST in 1 to "
-                     f"{REV_MAX}")
     if a.late_eos_tail is not None and not a.late_mix:
         ap.error("--late-eos-tail needs --late-mix (a second stage)")
     a.late_eos_tail = (tail("--late-eos-tail", a.late_eos_tail) if a.late_eos_tail is not None
                        else a.eos_tail)
+    if a.multi_short_rev is not None:
+        a.multi_short_rev = share_count("--multi-short-rev", a.multi_short_rev, "MOST", "0.3:6",
+                                        1, REV_MAX, f"in 1 to {REV_MAX}")
     return a
 
 
