@@ -615,6 +615,13 @@ def parse():
     if a.multi_short_rev is not None:
         a.multi_short_rev = share_count("--multi-short-rev", a.multi_short_rev, "MOST", "0.3:6",
                                         1, REV_MAX, f"in 1 to {REV_MAX}")
+    # Both shape the multi-question rows only: refused, not silently unused, when no stage
+    # draws a row.
+    rows = any(w and w.get("multi", 0) > 0 for w in (a.mix_weights, a.late_weights))
+    for flag, given in [("--multi-mix", a.multi_mix), ("--multi-short-rev", a.multi_short_rev)]:
+        if given is not None and not rows:
+            ap.error(f"{flag} shapes the multi-question rows: give multi a weight in --mix or "
+                     "--late-mix")
     return a
 
 
