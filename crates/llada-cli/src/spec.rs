@@ -154,10 +154,12 @@ pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
 pub const FEATURE_HEAD: &str = "models/smollm2-featdraft/head.safetensors";
 
 /// The head file a `feature` / `feature:PATH` drafter name points at (`None`: another kind).
-fn feature_head_path(name: &str) -> Option<&std::path::Path> {
+fn feature_head_path(name: &str) -> Option<std::path::PathBuf> {
     match name {
-        "feature" => Some(std::path::Path::new(FEATURE_HEAD)),
-        _ => name.strip_prefix("feature:").map(std::path::Path::new),
+        "feature" => Some(crate::models::locate(std::path::Path::new(FEATURE_HEAD))),
+        _ => name
+            .strip_prefix("feature:")
+            .map(|p| crate::models::locate(std::path::Path::new(p))),
     }
 }
 
@@ -189,8 +191,10 @@ impl DraftSource {
             return Ok(Self::Hybrid(Box::new(Self::load(inner, target, quant)?)));
         }
         if name == "self" || name.starts_with("self:") {
-            let p = std::path::Path::new(name.strip_prefix("self:").unwrap_or(SELF_HEAD));
-            let head = SelfHead::load(p, target)
+            let p = crate::models::locate(std::path::Path::new(
+                name.strip_prefix("self:").unwrap_or(SELF_HEAD),
+            ));
+            let head = SelfHead::load(&p, target)
                 .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-self-draft`)"))?;
             if let Some(i) = target.weights.layers[..head.layers]
                 .iter()
@@ -204,7 +208,7 @@ impl DraftSource {
             return Ok(Self::SelfDraft(head));
         }
         if let Some(p) = feature_head_path(name) {
-            let head = FeatureHead::load(p, target)
+            let head = FeatureHead::load(&p, target)
                 .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
             return Ok(Self::Feature(Box::new(FeatureModel::new(
                 target, head, quant,
@@ -334,7 +338,7 @@ pub fn run_generate(
     };
     if let Some(mode) = &a.ahasd {
         if cfg.sampling.temperature > 0.0 {
-            bail!("--ahasd verifies greedily: use --temperature 0");
+            bail!("--ahasd verifies greedily: use -t 0 (without -t, --ahasd decodes greedily)");
         }
         if exit.is_some() {
             bail!("--early-exit prunes tree verification; the AHASD pipeline verifies chains");
@@ -357,6 +361,7 @@ pub fn run_generate(
                 tvc_on_shared: a.tvc_shared,
                 synchronous: mode == "sync",
                 stop_ids: stop,
+                sampling: cfg.sampling,
             },
         )?;
         return Ok(SpecOutput {
@@ -635,8 +640,8 @@ fn bench_prompts(tok: &llada_formats::tokenizer::Tokenizer, n: usize) -> Result<
         .collect();
     if n > texts.len() {
         let files = [
-            std::path::Path::new("data/austen.txt"),
-            std::path::Path::new("data/kjv.txt"),
+            crate::models::data_file("austen.txt"),
+            crate::models::data_file("kjv.txt"),
         ];
         if let Some(f) = files.iter().find(|f| !f.exists()) {
             bail!(
@@ -951,6 +956,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                                         tvc_on_shared: false,
                                         synchronous: *synchronous,
                                         stop_ids: vec![],
+                                        sampling: SamplingParams::default(),
                                     },
                                 )?;
                                 t.secs += o.total_s - o.prefill_s;
@@ -1400,8 +1406,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
         DraftSource::Model(_) => crate::models::resolve(&a.draft, true)?,
         // Beside the head file.
         DraftSource::Feature(..) => feature_head_path(&a.draft)
-            .and_then(|p| p.parent())
-            .map(|p| p.to_path_buf())
+            .and_then(|p| p.parent().map(|d| d.to_path_buf()))
             .context("a feature head's directory")?,
     };
     let lane = Lane::new("dense", threads)?;

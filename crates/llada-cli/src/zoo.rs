@@ -460,11 +460,12 @@ fn prose_preset(name: &str, vocab: usize) -> Option<(ModelSpec, usize)> {
     }
 }
 
-/// The prose corpora (`data/austen.txt`, `data/kjv.txt`), or an error saying how to fetch them.
-pub(crate) fn prose_files() -> Result<[&'static std::path::Path; 2]> {
+/// The prose corpora (`austen.txt`, `kjv.txt` in [`crate::models::data_dir`]), or an error
+/// saying how to fetch them.
+pub(crate) fn prose_files() -> Result<[PathBuf; 2]> {
     let files = [
-        std::path::Path::new("data/austen.txt"),
-        std::path::Path::new("data/kjv.txt"),
+        crate::models::data_file("austen.txt"),
+        crate::models::data_file("kjv.txt"),
     ];
     if let Some(f) = files.iter().find(|f| !f.exists()) {
         bail!(
@@ -1712,18 +1713,27 @@ pub fn generate_diffusion(
     // Without --model, diffusion mode runs the zoo's prose model (the task model if the prose
     // model is absent).
     let path = if margs.model == "smollm2" {
-        ["models/tiny-llada-prose", "models/tiny-llada-tasks"]
+        let dir = crate::models::shipped_dir();
+        ["tiny-llada-prose", "tiny-llada-tasks"]
             .iter()
-            .map(PathBuf::from)
+            .filter_map(|n| dir.as_ref().map(|d| d.join(n)))
             .find(|p| p.join("config.json").exists())
-            .context(
-                "no diffusion model in models/: pass --model, or train one with `llada train`",
-            )?
+            .with_context(|| {
+                format!(
+                    "no default diffusion model: tiny-llada-prose / tiny-llada-tasks are not in {} \
+                     (set LLADA_MODELS to the repository's models/ directory, or pass --model)",
+                    dir.map_or("any shipped models directory".into(), |d| d.display().to_string())
+                )
+            })?
     } else {
-        PathBuf::from(&margs.model)
+        crate::models::resolve(&margs.model, json)?
     };
     // Options are checked before the load (an 8B model takes seconds to load).
-    let cfg = d.config(d.gen_length, s.temperature, s.seed)?;
+    let cfg = d.config(
+        d.gen_length,
+        s.temperature.unwrap_or(0.0),
+        s.seed.unwrap_or(0),
+    )?;
     let threads = crate::threads(margs.threads)?;
     // The same options as every other mode: a memory budget streams what does not fit, one
     // denoising pass at a time.
@@ -1742,7 +1752,7 @@ pub fn generate_diffusion(
             true,
         )
     };
-    let mut ids = tok.encode(&text).map_err(anyhow::Error::msg)?;
+    let mut ids = crate::encode_prompt(tok, &text)?;
     if let Some(bos) = m.config.bos_id {
         if ids.first() != Some(&bos) {
             ids.insert(0, bos);
@@ -1925,9 +1935,9 @@ fn argmax_rows(out: &llada_model::ForwardOutput, rows: usize) -> Vec<u32> {
 /// The held-out Austen windows both draft evaluations score on (64 tokens, fixed seed).
 fn draft_eval_windows(model: &Model, n: usize) -> Result<Vec<Vec<u32>>> {
     let tok = model.tokenizer.as_ref().context("no tokenizer")?;
-    let file = std::path::Path::new("data/austen.txt");
+    let file = crate::models::data_file("austen.txt");
     let corpus =
-        llada_train::prose::Corpus::load(&[file], &tok.inner, model.config.eos_id.unwrap_or(0))?;
+        llada_train::prose::Corpus::load(&[&file], &tok.inner, model.config.eos_id.unwrap_or(0))?;
     check_windows(&corpus, n, 64, &file.display().to_string())?;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
     Ok(corpus.windows(true, n, 64, &mut rng))
@@ -2195,7 +2205,9 @@ fn eval_prose(a: &EvalArgs, m: &Model, lane: &Lane) -> Result<()> {
     Ok(())
 }
 
-pub fn eval(a: EvalArgs) -> Result<()> {
+pub fn eval(mut a: EvalArgs) -> Result<()> {
+    // A shipped model's name or `models/…` path works from any directory.
+    a.model = crate::models::resolve(&a.model.to_string_lossy(), true)?;
     if a.per_task == 0 || a.windows == 0 {
         bail!(
             "--per-task and --windows must be at least 1 (an evaluation of nothing scores nothing)"

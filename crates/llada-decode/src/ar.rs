@@ -148,8 +148,11 @@ pub fn generate(
     let mut text = String::new();
     let mut reason = StopReason::MaxTokens;
     let mut cancelled = false;
+    // What the repetition penalty looks back over: the prompt, then every sampled token.
+    let mut history = prompt.to_vec();
     while tokens.len() < cfg.max_tokens {
-        let next = sampler.sample(&logits);
+        let next = sampler.sample_after(&logits, &history);
+        history.push(next);
         if stop_ids.contains(&next) {
             reason = StopReason::Eos;
             break;

@@ -1,8 +1,21 @@
 //! Token selection from logits: the one place where the engine turns logits into tokens.
+//!
+//! The order of the transformations is Hugging Face's `generate` (and, for the penalty,
+//! llama.cpp's `penalties` sampler):
+//! 1. repetition penalty over the last `repeat_last_n` tokens of the history (prompt and
+//!    generated): a positive logit is divided by the penalty, a negative one multiplied;
+//! 2. greedy (temperature 0): the argmax of the penalised logits — nothing below applies;
+//! 3. temperature, then top-k, then top-p (nucleus), then min-p (drop tokens whose probability
+//!    is below `min_p` times the most likely token's), renormalised; then a seeded draw.
+//!
+//! Every decoder that emits tokens in a model's name (autoregressive, speculative acceptance,
+//! the AHASD verifier) goes through [`SamplingParams::penalized`] with the history that
+//! precedes the position, so speculative decoding stays lossless under penalties.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// How to pick a token.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -13,6 +26,12 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches p (1 = all).
     pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (0 = off).
+    pub min_p: f32,
+    /// Repetition penalty on tokens of the last `repeat_last_n` of the history (1 = off).
+    pub repeat_penalty: f32,
+    /// How many of the latest history tokens the penalty looks at (0 = off).
+    pub repeat_last_n: usize,
     pub seed: u64,
 }
 
@@ -22,6 +41,9 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 0,
             seed: 0,
         }
     }
@@ -36,10 +58,53 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
         }
+        if !(self.min_p >= 0.0 && self.min_p < 1.0) {
+            return Err(format!("min-p must be in [0, 1), got {}", self.min_p));
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return Err(format!(
+                "the repeat penalty must be > 0 (1 = off), got {}",
+                self.repeat_penalty
+            ));
+        }
         Ok(())
     }
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
+    }
+    /// Whether [`Self::penalized`] changes anything.
+    pub fn has_penalty(&self) -> bool {
+        self.repeat_penalty != 1.0 && self.repeat_last_n > 0
+    }
+
+    /// `logits` with the repetition penalty applied for the last `repeat_last_n` tokens of
+    /// `history` (each distinct token once); borrowed unchanged when there is no penalty.
+    pub fn penalized<'a>(&self, logits: &'a [f32], history: &[u32]) -> Cow<'a, [f32]> {
+        if !self.has_penalty() || history.is_empty() {
+            return Cow::Borrowed(logits);
+        }
+        let mut out = logits.to_vec();
+        let recent = &history[history.len().saturating_sub(self.repeat_last_n)..];
+        let mut seen: Vec<u32> = Vec::with_capacity(recent.len());
+        for &t in recent {
+            if seen.contains(&t) {
+                continue;
+            }
+            seen.push(t);
+            if let Some(l) = out.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / self.repeat_penalty
+                } else {
+                    *l * self.repeat_penalty
+                };
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// The greedy choice after `history`: the argmax of the penalised logits.
+    pub fn greedy_after(&self, logits: &[f32], history: &[u32]) -> u32 {
+        argmax(&self.penalized(logits, history))
     }
 }
 
@@ -81,8 +146,9 @@ impl Sampler {
         }
     }
 
-    /// The distribution the sampler draws from: softmax(logits / T) restricted to top-k and
-    /// top-p, renormalised. For greedy, a one-hot vector on the argmax.
+    /// The distribution the sampler draws from: softmax(logits / T) restricted to top-k, top-p
+    /// and min-p, renormalised. For greedy, a one-hot vector on the argmax. No penalty: see
+    /// [`Self::distribution_after`].
     pub fn distribution(&self, logits: &[f32]) -> Vec<f32> {
         let p = &self.params;
         let mut probs = vec![0f32; logits.len()];
@@ -117,6 +183,15 @@ impl Sampler {
             let total: f32 = w.iter().sum();
             w.iter_mut().for_each(|v| *v /= total);
         }
+        if p.min_p > 0.0 {
+            // `w` is sorted, most likely first.
+            let floor = p.min_p * w[0];
+            let keep = w.iter().take_while(|&&v| v >= floor).count().max(1);
+            w.truncate(keep);
+            idx.truncate(keep);
+            let total: f32 = w.iter().sum();
+            w.iter_mut().for_each(|v| *v /= total);
+        }
         for (i, v) in idx.iter().zip(w) {
             probs[*i] = v;
         }
@@ -145,7 +220,19 @@ impl Sampler {
         self.rng.random()
     }
 
-    /// Pick the next token.
+    /// [`Self::distribution`] of the logits penalised for `history` (the tokens before the
+    /// position, oldest first).
+    pub fn distribution_after(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        self.distribution(&self.params.penalized(logits, history))
+    }
+
+    /// Pick the next token after `history` (penalties, then [`Self::sample`]).
+    pub fn sample_after(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let l = self.params.penalized(logits, history);
+        self.sample(&l)
+    }
+
+    /// Pick the next token (no penalty).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits);
@@ -173,6 +260,7 @@ mod tests {
             top_k: 2,
             top_p: 1.0,
             seed: 1,
+            ..Default::default()
         });
         let d = s.distribution(&logits);
         assert!(d[2] == 0.0 && d[3] == 0.0 && d[4] == 0.0);
@@ -186,6 +274,7 @@ mod tests {
             top_k: 0,
             top_p: 0.5,
             seed: 1,
+            ..Default::default()
         });
         let d = s.distribution(&logits);
         assert_eq!(d[0], 1.0);
@@ -199,6 +288,7 @@ mod tests {
             top_k: 0,
             top_p: 1.0,
             seed: 42,
+            ..Default::default()
         };
         let mut s = Sampler::new(params);
         let n = 20000;
@@ -226,5 +316,67 @@ mod tests {
         })
         .distribution(&logits);
         assert!(cold[0] > hot[0]);
+    }
+
+    /// Hand-computed from llama.cpp's rule (`llama_sampler_penalties_apply`): logit > 0 → /p,
+    /// else ·p, each distinct token of the window once; tokens outside the window untouched.
+    #[test]
+    fn repeat_penalty_follows_llama_cpp() {
+        let p = SamplingParams {
+            repeat_penalty: 2.0,
+            repeat_last_n: 3,
+            ..Default::default()
+        };
+        let logits = [4.0f32, -1.0, 3.0, 0.5, 1.0];
+        // History 3 0 1 1: the window is the last three (0, 1, 1); token 3 is outside it.
+        let l = p.penalized(&logits, &[3, 0, 1, 1]);
+        assert_eq!(&*l, &[2.0, -2.0, 3.0, 0.5, 1.0]);
+        // The penalty moves the greedy choice from 0 to 2.
+        assert_eq!(argmax(&logits), 0);
+        assert_eq!(p.greedy_after(&logits, &[3, 0, 1, 1]), 2);
+        // Off: borrowed, unchanged; an id past the vocabulary is ignored.
+        let off = SamplingParams::default();
+        assert!(matches!(off.penalized(&logits, &[0]), Cow::Borrowed(_)));
+        assert_eq!(&*p.penalized(&logits, &[99]), &logits);
+    }
+
+    /// min-p 0.2 at T = 1 over logits ln(10), ln(5), ln(1.5), ln(1): probabilities
+    /// 10/17.5, 5/17.5, 1.5/17.5, 1/17.5; the floor 0.2 · 10/17.5 = 2/17.5 keeps the first two,
+    /// renormalised to 2/3 and 1/3.
+    #[test]
+    fn min_p_drops_tokens_below_a_share_of_the_best() {
+        let logits = [10f32.ln(), 5f32.ln(), 1.5f32.ln(), 0.0];
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.2,
+            ..Default::default()
+        });
+        let d = s.distribution(&logits);
+        assert!((d[0] - 2.0 / 3.0).abs() < 1e-6 && (d[1] - 1.0 / 3.0).abs() < 1e-6);
+        assert_eq!((d[2], d[3]), (0.0, 0.0));
+        // Penalised distribution: token 0 (history) falls to 10/1.25 → 8 of 8 + 5 + 1.5 + 1;
+        // the floor 0.2 · 8 = 1.6 still keeps only tokens 0 and 1: 8/13 and 5/13.
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.2,
+            repeat_penalty: 1.0 / (1.0 - (1.25f32.ln() / 10f32.ln())),
+            repeat_last_n: 1,
+            ..Default::default()
+        });
+        let d = s.distribution_after(&logits, &[0]);
+        assert!((d[0] - 8.0 / 13.0).abs() < 1e-4, "{d:?}");
+        assert!((d[1] - 5.0 / 13.0).abs() < 1e-4, "{d:?}");
+        assert!(SamplingParams {
+            min_p: 1.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            repeat_penalty: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
     }
 }

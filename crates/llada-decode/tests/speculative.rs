@@ -29,6 +29,7 @@ fn async_cfg(max_tokens: usize, batch: usize) -> llada_decode::speculative::ahas
         tvc_on_shared: false,
         synchronous: false,
         stop_ids: vec![],
+        sampling: SamplingParams::default(),
     }
 }
 
@@ -934,4 +935,205 @@ fn feature_drafter_proposals_follow_the_head() {
     let p2 = dr.propose(&context, &tree, Some(0), 2).unwrap();
     embed(&target, tok, &mut e).unwrap();
     close(&p2.full.unwrap(), &expect(&head.step(&f1, &e)));
+}
+
+/// The penalties the CLI defaults to, strong enough to change greedy output on the fixture.
+fn penalised(temperature: f32, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.5,
+        repeat_last_n: 8,
+        seed,
+    }
+}
+
+/// Greedy with a repetition penalty (each verify row penalised for its own draft path): every
+/// tree shape, drafter and the AHASD pipeline give target-only decoding under the same penalty,
+/// which differs from unpenalised greedy.
+#[test]
+fn greedy_with_a_repeat_penalty_is_identical_to_target_alone() {
+    use llada_decode::speculative::ahasd::{generate as ahasd_generate, AsyncConfig};
+    let target = load("hf-llama");
+    let other = load("hf-qwen2");
+    let lane = Lane::new("dense", 1).unwrap();
+    let draft = Lane::new("draft", 1).unwrap();
+    let params = penalised(0.0, 0);
+    let mut differs = 0;
+    for seed in 0..4u32 {
+        let prompt: Vec<u32> = (0..4 + seed)
+            .map(|i| 3 + (i * 5 + seed * 11) % 90)
+            .collect();
+        let reference = generate(
+            &target,
+            &lane,
+            &prompt,
+            &GenerateConfig {
+                max_tokens: 24,
+                stop_at_eos: false,
+                sampling: params,
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap();
+        differs += usize::from(reference.tokens != greedy(&target, &lane, &prompt, 24).tokens);
+        for shape in shapes() {
+            for source in [&target, &other] {
+                let mut d = ModelDrafter::new(source, &lane, 0.0);
+                let cfg = SpecConfig {
+                    max_tokens: 24,
+                    sampling: params,
+                    shape: shape.clone(),
+                    stop_ids: vec![],
+                    exit: None,
+                    probe_log: None,
+                    fixed_cost: None,
+                };
+                let out = spec_generate(&target, &lane, None, &mut d, &prompt, &cfg).unwrap();
+                assert_eq!(out.tokens, reference.tokens, "{shape:?} {prompt:?}");
+            }
+        }
+        let mut d = ModelDrafter::new(&other, &draft, 0.0);
+        let cfg = AsyncConfig {
+            sampling: params,
+            ..async_cfg(24, 3)
+        };
+        let out = ahasd_generate(&target, &lane, &draft, &mut d, &prompt, &cfg).unwrap();
+        assert_eq!(out.tokens, reference.tokens, "AHASD {prompt:?}");
+    }
+    assert!(
+        differs > 0,
+        "the penalty never changed the greedy output: a vacuous test"
+    );
+    // AHASD refuses sampling.
+    let mut d = NgramDrafter;
+    let cfg = AsyncConfig {
+        sampling: penalised(0.8, 0),
+        ..async_cfg(4, 3)
+    };
+    assert!(ahasd_generate(&target, &lane, &draft, &mut d, &[5, 6, 7], &cfg).is_err());
+}
+
+/// Sampled speculative decoding under the CLI's default filters (top-k, top-p, min-p) and a
+/// repetition penalty: the second token's distribution (whose history includes the first,
+/// drafted token) equals the target's, computed here from its logits with the penalty written
+/// out independently of `SamplingParams::penalized`.
+#[test]
+fn sampling_with_penalties_follows_the_target_distribution() {
+    let target = load("hf-llama");
+    let lane = Lane::new("dense", 1).unwrap();
+    let prompt = [7u32, 21, 40, 3];
+    const T: f32 = 0.5;
+    let params = |seed| SamplingParams {
+        temperature: T,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.02,
+        repeat_penalty: 3.0,
+        repeat_last_n: 2,
+        seed,
+    };
+    // The first token x1 the run will take is conditioned on below: the target's next-token
+    // logits after prompt + [x1], penalised by hand for the window [3, x1].
+    let logits_after = |ctx: &[u32]| -> Vec<f32> {
+        let mut cache = target.new_cache();
+        let pos: Vec<u32> = (0..ctx.len() as u32).collect();
+        let out = target
+            .forward(
+                &ForwardRequest {
+                    tokens: ctx,
+                    positions: &pos,
+                    mask: AttnMask::Causal,
+                    kv_write: KvWrite::None,
+                    logits: LogitRows::Last,
+                },
+                &mut cache,
+            )
+            .unwrap();
+        out.row(0).to_vec()
+    };
+    let n = 1500;
+    for shape in [
+        TreeShape::Chain { n: 3, p_min: 0.0 },
+        TreeShape::TopK { widths: vec![4, 2] },
+    ] {
+        // Runs grouped by their first token; the most frequent group is tested.
+        let mut seconds: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        for seed in 0..n {
+            let mut d = ModelDrafter::new(&target, &lane, 2.0);
+            let o = spec_generate(
+                &target,
+                &lane,
+                None,
+                &mut d,
+                &prompt,
+                &SpecConfig {
+                    max_tokens: 2,
+                    sampling: params(seed),
+                    shape: shape.clone(),
+                    stop_ids: vec![],
+                    exit: None,
+                    probe_log: None,
+                    fixed_cost: None,
+                },
+            )
+            .unwrap();
+            seconds.entry(o.tokens[0]).or_default().push(o.tokens[1]);
+        }
+        let (&x1, group) = seconds.iter().max_by_key(|(_, v)| v.len()).unwrap();
+        let mut ctx = prompt.to_vec();
+        ctx.push(x1);
+        let mut l = logits_after(&ctx);
+        for t in [3u32, x1] {
+            let v = &mut l[t as usize];
+            *v = if *v > 0.0 { *v / 3.0 } else { *v * 3.0 };
+            if x1 == 3 {
+                break; // one distinct token in the window
+            }
+        }
+        let mut p: Vec<f32> = l.iter().map(|v| v / T).collect();
+        softmax(&mut p);
+        let best = p.iter().cloned().fold(0f32, f32::max);
+        p.iter_mut().for_each(|v| {
+            if *v < 0.02 * best {
+                *v = 0.0
+            }
+        });
+        let s: f32 = p.iter().sum();
+        p.iter_mut().for_each(|v| *v /= s);
+        let m = group.len();
+        assert!(m >= 200, "{shape:?}: only {m} runs share the first token");
+        let mut counts = vec![0usize; p.len()];
+        for &t in group {
+            counts[t as usize] += 1;
+            assert!(
+                p[t as usize] > 0.0,
+                "{shape:?}: drew {t}, which min-p drops"
+            );
+        }
+        let (mut chi, mut df, mut rest_c, mut rest_e) = (0.0, 0usize, 0.0, 0.0);
+        for (c, pi) in counts.iter().zip(&p) {
+            let e = m as f64 * *pi as f64;
+            if e >= 5.0 {
+                chi += (*c as f64 - e).powi(2) / e;
+                df += 1;
+            } else {
+                rest_c += *c as f64;
+                rest_e += e;
+            }
+        }
+        if rest_e > 0.0 {
+            chi += (rest_c - rest_e).powi(2) / rest_e.max(1e-9);
+            df += 1;
+        }
+        let df = df.saturating_sub(1).max(1) as f64;
+        let limit = df + 3.09 * (2.0 * df).sqrt() + 3.0;
+        assert!(
+            chi < limit,
+            "{shape:?}: chi2 {chi:.1} with {df} dof (limit {limit:.1})"
+        );
+    }
 }

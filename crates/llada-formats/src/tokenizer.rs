@@ -135,6 +135,65 @@ impl Tokenizer {
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| format!("{}: tokenizer: {e}", self.path.display()))
     }
+    /// Encode a user's prompt, refusing characters the vocabulary cannot represent: a
+    /// character that becomes a special token other than an unknown token (a word-level
+    /// vocabulary whose unknown token is its end-of-text token), or that no token covers (a
+    /// BPE without byte fallback drops it), is an error naming the characters. Characters
+    /// mapped to a real unknown token (`<unk>`, `[UNK]`) are returned beside the ids, for a
+    /// warning.
+    pub fn encode_prompt(&self, text: &str) -> Result<(Vec<u32>, Vec<char>), String> {
+        let enc = self
+            .inner
+            .encode_char_offsets(text, false)
+            .map_err(|e| format!("{}: tokenizer: {e}", self.path.display()))?;
+        let chars: Vec<char> = text.chars().collect();
+        let special: std::collections::HashMap<u32, String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        let mut covered = vec![false; chars.len()];
+        let (mut refused, mut warned) = (vec![], vec![]);
+        for (&id, &(a, b)) in enc.get_ids().iter().zip(enc.get_offsets()) {
+            let (a, b) = (a.min(chars.len()), b.min(chars.len()));
+            covered[a..b].iter_mut().for_each(|c| *c = true);
+            let Some(content) = special.get(&id) else {
+                continue;
+            };
+            let source: String = chars[a..b].iter().collect();
+            if source == *content || a == b {
+                continue;
+            }
+            if content.to_lowercase().contains("unk") {
+                warned.extend(source.chars());
+            } else {
+                refused.extend(source.chars());
+            }
+        }
+        refused.extend(
+            chars
+                .iter()
+                .zip(&covered)
+                .filter(|(c, cov)| !**cov && !c.is_whitespace())
+                .map(|(c, _)| *c),
+        );
+        if !refused.is_empty() {
+            refused.sort_unstable();
+            refused.dedup();
+            let list: Vec<String> = refused.iter().map(|c| format!("{c:?}")).collect();
+            return Err(format!(
+                "{}: the prompt has characters this model's vocabulary cannot represent: {} \
+                 (they would be read as another token or dropped); leave them out",
+                self.path.display(),
+                list.join(" ")
+            ));
+        }
+        warned.sort_unstable();
+        warned.dedup();
+        Ok((enc.get_ids().to_vec(), warned))
+    }
     /// The largest token id the tokenizer can produce (vocabulary and added tokens), `None`
     /// for an empty vocabulary.
     pub fn max_token_id(&self) -> Option<u32> {

@@ -16,7 +16,7 @@ use tokenizers::{AddedToken, Tokenizer};
 pub const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|startoftext|>", "<|mask|>"];
 
 /// Train a byte-level BPE of `vocab` tokens on `files`.
-pub fn train_bpe(files: &[&Path], vocab: usize) -> Result<Tokenizer> {
+pub fn train_bpe(files: &[impl AsRef<Path>], vocab: usize) -> Result<Tokenizer> {
     let mut trainer = TrainerWrapper::BpeTrainer(
         BpeTrainerBuilder::new()
             .vocab_size(vocab)
@@ -34,7 +34,10 @@ pub fn train_bpe(files: &[&Path], vocab: usize) -> Result<Tokenizer> {
     let mut tok = Tokenizer::new(BPE::default());
     tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tok.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
-    let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let files: Vec<String> = files
+        .iter()
+        .map(|p| p.as_ref().display().to_string())
+        .collect();
     tok.train_from_files(&mut trainer, files)
         .map_err(|e| anyhow::anyhow!("training the tokenizer: {e}"))?;
     Ok(tok)
@@ -48,10 +51,11 @@ pub struct Corpus {
 
 impl Corpus {
     /// Tokenize `files` (one paragraph per line) with `tok`; `eos` separates paragraphs.
-    pub fn load(files: &[&Path], tok: &Tokenizer, eos: u32) -> Result<Self> {
+    pub fn load(files: &[impl AsRef<Path>], tok: &Tokenizer, eos: u32) -> Result<Self> {
         let mut train = vec![];
         let mut heldout = vec![];
         for f in files {
+            let f = f.as_ref();
             let text = std::fs::read_to_string(f).with_context(|| {
                 format!("reading {} (run scripts/fetch_corpora.py)", f.display())
             })?;

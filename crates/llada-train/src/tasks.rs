@@ -291,19 +291,42 @@ pub fn try_held_out_subset(
     Ok(v)
 }
 
-/// The held-out examples of `tasks` *as they appear in the full split* of `n` per task (at
-/// length scale `scale`): `llada eval --tasks rev` scores the same reversals as the rev
-/// column of a full `llada eval`. (`held_out_subset` draws the listed tasks from one
-/// generator in turn, so a task's examples depend on which tasks precede it.) An error when
-/// `scale` is too small for any task of the full split to have held-out prompts.
+/// How many held-out examples per task [`held_out_tasks`] draws as [`held_out_split`] does
+/// before it continues task by task in rounds: the split the shipped cards were evaluated on
+/// (`llada eval --per-task 50`).
+pub const HELD_OUT_ORDER: usize = 50;
+
+/// The first `n` held-out examples of each of `tasks` in one fixed order (at length scale
+/// `scale`), so that `llada eval --per-task 20` scores a prefix of `--per-task 50`, and
+/// `--tasks rev` the same reversals as the rev column of a full evaluation. The order: each
+/// task's examples of [`held_out_split`]`(`[`HELD_OUT_ORDER`]`)`, then one more per task in
+/// rounds from the same generator. An error when `scale` is too small for any task to have
+/// held-out prompts.
 pub fn held_out_tasks(
     n: usize,
     tasks: &[&'static str],
     scale: f64,
 ) -> anyhow::Result<Vec<Example>> {
-    Ok(try_held_out_subset(n, &TASKS, scale)?
-        .into_iter()
-        .filter(|e| tasks.contains(&e.task))
+    let mut g = TaskGen::new(0x5eed_0fe1d, true);
+    g.scale = scale;
+    let mut per_task: Vec<Vec<Example>> = vec![];
+    for &t in &TASKS {
+        per_task.push(
+            (0..HELD_OUT_ORDER)
+                .map(|_| g.try_next(Some(t)))
+                .collect::<anyhow::Result<_>>()?,
+        );
+    }
+    for _ in HELD_OUT_ORDER..n {
+        for (i, &t) in TASKS.iter().enumerate() {
+            per_task[i].push(g.try_next(Some(t))?);
+        }
+    }
+    Ok(TASKS
+        .iter()
+        .zip(per_task)
+        .filter(|(t, _)| tasks.contains(t))
+        .flat_map(|(_, v)| v.into_iter().take(n))
         .collect())
 }
 
@@ -553,10 +576,15 @@ mod tests {
 
     #[test]
     fn a_task_alone_gets_its_examples_of_the_full_split() {
-        let full = held_out_split(6);
+        let full = held_out_split(HELD_OUT_ORDER);
         for t in TASKS {
             let alone = held_out_tasks(6, &[t], 1.0).unwrap();
-            let col: Vec<_> = full.iter().filter(|e| e.task == t).cloned().collect();
+            let col: Vec<_> = full
+                .iter()
+                .filter(|e| e.task == t)
+                .take(6)
+                .cloned()
+                .collect();
             assert_eq!(alone, col, "{t}");
             assert_eq!(alone.len(), 6);
         }
@@ -564,6 +592,26 @@ mod tests {
         assert_ne!(
             held_out_subset(6, &["rev"], 1.0),
             held_out_tasks(6, &["rev"], 1.0).unwrap()
+        );
+    }
+
+    /// `--per-task n` scores the first n of one order: a prefix of every larger n, within
+    /// and beyond the cards' 50; the 50 are the cards' split.
+    #[test]
+    fn smaller_evaluations_are_prefixes_of_larger_ones() {
+        let big = held_out_tasks(HELD_OUT_ORDER + 7, &TASKS, 1.0).unwrap();
+        assert_eq!(big.len(), TASKS.len() * (HELD_OUT_ORDER + 7));
+        for n in [1, 20, HELD_OUT_ORDER, HELD_OUT_ORDER + 3] {
+            let small = held_out_tasks(n, &TASKS, 1.0).unwrap();
+            for t in TASKS {
+                let a: Vec<_> = small.iter().filter(|e| e.task == t).collect();
+                let b: Vec<_> = big.iter().filter(|e| e.task == t).take(n).collect();
+                assert_eq!(a, b, "{t}, n = {n}");
+            }
+        }
+        assert_eq!(
+            held_out_tasks(HELD_OUT_ORDER, &TASKS, 1.0).unwrap(),
+            held_out_split(HELD_OUT_ORDER)
         );
     }
 

@@ -9,7 +9,9 @@
 //!   accepted, emit a draw from `p` at the last node.
 
 use super::tree::DraftTree;
-use crate::sampling::{argmax, Sampler};
+#[cfg(test)]
+use crate::sampling::argmax;
+use crate::sampling::Sampler;
 
 /// What a verification accepted: the path of tree nodes and the target's own next token.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,14 +20,15 @@ pub struct Accepted {
     pub bonus: u32,
 }
 
-/// Greedy acceptance. `logits(r)`: the target's logits at verify row `r` (0 = root, `j + 1` =
-/// node `j`).
-pub fn greedy<'a>(tree: &DraftTree, logits: impl Fn(usize) -> &'a [f32]) -> Accepted {
+/// Greedy acceptance. `choice(r)`: the target's greedy token at verify row `r` (0 = root,
+/// `j + 1` = node `j`): the argmax of its logits, penalised for the row's history
+/// ([`crate::SamplingParams::greedy_after`]).
+pub fn greedy(tree: &DraftTree, choice: impl Fn(usize) -> u32) -> Accepted {
     let mut path = vec![];
     let mut node: Option<usize> = None;
     loop {
         let row = node.map_or(0, |n| n + 1);
-        let y = argmax(logits(row));
+        let y = choice(row);
         match tree.children(node).find(|&c| tree.tokens[c] == y) {
             Some(c) => {
                 path.push(c);
@@ -37,7 +40,7 @@ pub fn greedy<'a>(tree: &DraftTree, logits: impl Fn(usize) -> &'a [f32]) -> Acce
 }
 
 /// Sampling with a deterministic tree shape. `dist(r)`: the target's sampling distribution at
-/// row `r` (temperature, top-k/top-p applied).
+/// row `r` (penalties for the row's history, temperature, top-k/top-p/min-p applied).
 pub fn tree_sampling(
     tree: &DraftTree,
     dist: impl Fn(usize) -> Vec<f32>,
@@ -130,7 +133,7 @@ mod tests {
             vec![1.0, 0.0, 0.0],
             vec![1.0, 0.0, 0.0],
         ];
-        let acc = greedy(&t, |r| &rows[r]);
+        let acc = greedy(&t, |r| argmax(&rows[r]));
         assert_eq!(
             acc,
             Accepted {

@@ -33,7 +33,6 @@
 
 use super::drafter::Drafter;
 use super::tree::DraftTree;
-use crate::sampling::argmax;
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
 use llada_runtime::{KvCache, Lane};
 use serde::Serialize;
@@ -230,6 +229,8 @@ pub struct AsyncConfig {
     /// same configuration).
     pub synchronous: bool,
     pub stop_ids: Vec<u32>,
+    /// Greedy only (temperature 0); its repetition penalty applies to every verification.
+    pub sampling: crate::SamplingParams,
 }
 
 /// Result and lane statistics.
@@ -302,13 +303,15 @@ fn wait_on<'a>(
 }
 
 /// Greedy target verification of `chain` after `ctx` (cache holds ctx[..len−1]); returns the
-/// number of chain tokens accepted and the target's next token.
+/// number of chain tokens accepted and the target's next token. `params` carries the
+/// repetition penalty: row `k` is penalised for `ctx` and `chain[..k]`.
 fn verify_chain(
     target: &Model,
     lane: &Lane,
     cache: &mut KvCache,
     ctx: &[u32],
     chain: &[u32],
+    params: &crate::SamplingParams,
 ) -> Result<(usize, u32), ModelError> {
     let base = ctx.len() - 1;
     let mut toks = vec![ctx[base]];
@@ -327,8 +330,10 @@ fn verify_chain(
         )
     })?;
     let mut k = 0;
+    let mut history = ctx.to_vec();
     loop {
-        let y = argmax(out.row(k));
+        let y = params.greedy_after(out.row(k), &history);
+        history.extend(chain.get(k));
         if k < chain.len() && chain[k] == y {
             k += 1;
         } else {
@@ -406,6 +411,12 @@ pub fn generate(
     prompt: &[u32],
     cfg: &AsyncConfig,
 ) -> Result<AsyncOutput, ModelError> {
+    cfg.sampling.validate().map_err(ModelError::BadRequest)?;
+    if !cfg.sampling.is_greedy() {
+        return Err(ModelError::BadRequest(
+            "the AHASD pipeline verifies greedily: use temperature 0".into(),
+        ));
+    }
     if prompt.is_empty() || cfg.batch == 0 || cfg.max_verify == 0 {
         return Err(ModelError::BadRequest(
             "empty prompt, or zero batch / verify length".into(),
@@ -584,7 +595,14 @@ pub fn generate(
                 if !plan.is_empty() && snap.len() + 1 == committed.len() {
                     let t = Instant::now();
                     let mut c2 = snap.clone();
-                    let (k, y) = verify_chain(target, draft_lane, &mut c2, &committed, &plan)?;
+                    let (k, y) = verify_chain(
+                        target,
+                        draft_lane,
+                        &mut c2,
+                        &committed,
+                        &plan,
+                        &cfg.sampling,
+                    )?;
                     let mut s = lock()?;
                     s.out.draft_busy_s += t.elapsed().as_secs_f64();
                     s.out.preverified += plan.len();
@@ -638,7 +656,7 @@ pub fn generate(
             (s.committed.clone(), chain, s.epoch)
         };
         let t = Instant::now();
-        let (k, y) = verify_chain(target, verify_lane, cache, &ctx, &chain)?;
+        let (k, y) = verify_chain(target, verify_lane, cache, &ctx, &chain, &cfg.sampling)?;
         let secs = t.elapsed().as_secs_f64();
         let mut s = lock()?;
         s.tvc.record(secs, chain.len() + 1, ctx.len());

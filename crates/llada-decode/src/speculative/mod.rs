@@ -244,13 +244,20 @@ pub fn generate(
             .map(|r| vrow[r].unwrap_or(0))
             .collect();
         let row = |r: usize| vout.row(vrow[r]);
+        // What the repetition penalty sees at row r: the context and the draft path to it.
+        let window = if cfg.sampling.has_penalty() {
+            cfg.sampling.repeat_last_n
+        } else {
+            0
+        };
+        let hist = |r: usize| tree.history(&ctx, r, window);
 
         // Final selection (vocabulary-wide) on the sparse lane.
         let select = || -> Accepted {
             if greedy {
-                accept::greedy(&tree, row)
+                accept::greedy(&tree, |r| cfg.sampling.greedy_after(row(r), &hist(r)))
             } else if chain_rejection {
-                let p = |r: usize| sampler.distribution(row(r));
+                let p = |r: usize| sampler.distribution_after(row(r), &hist(r));
                 let mut s2 = Sampler::new(SamplingParams {
                     seed: cfg
                         .sampling
@@ -260,7 +267,7 @@ pub fn generate(
                 });
                 accept::chain_rejection(&tree, p, |j| q_full[j].clone(), &mut s2)
             } else {
-                let p = |r: usize| sampler.distribution(row(r));
+                let p = |r: usize| sampler.distribution_after(row(r), &hist(r));
                 let mut s2 = Sampler::new(SamplingParams {
                     seed: cfg
                         .sampling

@@ -65,6 +65,21 @@ impl DraftTree {
         v.reverse();
         v
     }
+    /// The tokens before verify row `row` (0 = the root, `j + 1` = node `j`), at most the last
+    /// `window` of them: `ctx` (the committed context, ending with the root's token) and the
+    /// draft path down to the row's node. What the repetition penalty looks back over.
+    pub fn history(&self, ctx: &[u32], row: usize, window: usize) -> Vec<u32> {
+        let path = match row {
+            0 => vec![],
+            r => self.path(r - 1),
+        };
+        let from_ctx = window.saturating_sub(path.len()).min(ctx.len());
+        let mut h = ctx[ctx.len() - from_ctx..].to_vec();
+        h.extend(path.iter().map(|&j| self.tokens[j]));
+        let cut = h.len().saturating_sub(window);
+        h.drain(..cut);
+        h
+    }
     /// `i` is an ancestor of `j` or `j` itself.
     pub fn is_ancestor_or_self(&self, i: usize, j: usize) -> bool {
         let mut n = Some(j);
