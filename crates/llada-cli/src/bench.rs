@@ -202,6 +202,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let threads = crate::threads(a.threads)?;
     let path = crate::models::resolve(&a.model, a.json)?;
+    // A line at once, whatever stderr is (the bar below draws only on a terminal).
+    eprintln!(
+        "benchmarking {}: memory bandwidth, {}prefill of {} tokens and decode of {} tokens, {} runs each",
+        path.display(),
+        if a.no_matmul { "" } else { "the matmul table, " },
+        a.prompt_tokens,
+        a.gen_tokens,
+        a.reps
+    );
     let model = Model::load(&path, &LoadOptions::default()).load_context(&path)?;
     // Prefill and one-token decode are left-to-right measures: a diffusion model decodes in
     // steps over a whole block, which `bench diffusion` times.
@@ -252,11 +261,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let lane = Lane::new("dense", threads)?;
     let reps = a.reps;
     let steps = 2 + 2 * reps + if a.no_matmul { 0 } else { 1 };
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(steps as u64)
-    };
+    let pb = crate::progress_bar(steps as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

@@ -523,11 +523,17 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
     let mut runs: Vec<Run> = vec![];
     let mut sweep: Vec<SweepPoint> = vec![];
     let mut total = 0;
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(0)
-    };
+    eprintln!(
+        "benchmarking {} diffusion strategies on {} model(s){}",
+        names.len(),
+        a.models.len(),
+        if a.no_sweep {
+            ""
+        } else {
+            ", then the window sweep"
+        }
+    );
+    let pb = crate::progress_bar(0);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

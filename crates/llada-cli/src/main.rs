@@ -228,6 +228,12 @@ pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
     })
 }
 
+/// A progress bar of `len` steps on stderr. It is drawn with `--json` too (stdout carries the
+/// result, stderr the progress): a long command shows that it runs.
+pub(crate) fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    indicatif::ProgressBar::new(len)
+}
+
 /// A user's prompt as ids: characters the vocabulary cannot represent are refused (the error
 /// names them); those its unknown token stands for are named in a warning on stderr.
 pub(crate) fn encode_prompt(

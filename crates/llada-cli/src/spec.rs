@@ -725,11 +725,14 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
     // The prompts are the same under every budget (one target, one tokenizer): built once, so
     // the held-out corpora past the first 8 are tokenized once, not per budget.
     let mut prompts_once: Option<Vec<Vec<u32>>> = None;
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new((a.budgets.len() * (2 + 8 * a.drafts.len())) as u64)
-    };
+    eprintln!(
+        "benchmarking speculative decoding: drafters {} at budgets {}, {} prompts of {} tokens",
+        a.drafts.join(", "),
+        a.budgets.join(", "),
+        a.prompts,
+        a.max_tokens
+    );
+    let pb = crate::progress_bar((a.budgets.len() * (2 + 8 * a.drafts.len())) as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -1411,11 +1414,7 @@ pub fn train_probe(a: TrainProbeArgs) -> Result<()> {
     };
     let lane = Lane::new("dense", threads)?;
     let dlane = Lane::new("draft", 1)?;
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(prompts.len() as u64)
-    };
+    let pb = crate::progress_bar(prompts.len() as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] calibrating",

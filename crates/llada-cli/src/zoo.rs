@@ -2002,11 +2002,7 @@ fn eval_draft(a: &EvalArgs, draft: &Model, lane: &Lane, target_name: &str) -> Re
     let windows = draft_eval_windows(draft, a.windows)?;
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut accepted, mut verifies) = (0usize, 0usize);
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(windows.len() as u64)
-    };
+    let pb = crate::progress_bar(windows.len() as u64);
     for w in &windows {
         let (dt, tt) = (
             causal_argmax(draft, lane, w)?,
@@ -2071,11 +2067,7 @@ fn eval_feature_draft(a: &EvalArgs, lane: &Lane, target_name: &str) -> Result<()
     };
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut accepted, mut verifies) = (0usize, 0usize);
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(windows.len() as u64)
-    };
+    let pb = crate::progress_bar(windows.len() as u64);
     let empty = DraftTree::default();
     for w in &windows {
         let (tt, f) = features(w)?;
@@ -2266,11 +2258,7 @@ pub fn eval(mut a: EvalArgs) -> Result<()> {
             }
         }
     }
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(split.len() as u64)
-    };
+    let pb = crate::progress_bar(split.len() as u64);
     let mut scores: BTreeMap<&str, Score> = BTreeMap::new();
     // Multi-question items by sub-task: (exact, total).
     let mut sub_items: BTreeMap<&str, (usize, usize)> = BTreeMap::new();

@@ -26,6 +26,8 @@ fn smollm2_greedy_matches_numpy_reference() {
     let j = run_json(&[
         "generate",
         "--raw",
+        "-t",
+        "0",
         "The capital of France is",
         "-n",
         "10",
@@ -61,6 +63,8 @@ fn smollm2_quantized_path_agrees_up_to_the_near_tie() {
     let j = run_json(&[
         "generate",
         "--raw",
+        "-t",
+        "0",
         "The capital of France is",
         "-n",
         "6",
@@ -117,6 +121,8 @@ fn stop_string_cuts_the_text() {
     let j = run_json(&[
         "generate",
         "--raw",
+        "-t",
+        "0",
         "The capital of France is",
         "-n",
         "10",
@@ -628,6 +634,8 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
             "24",
             "--json",
             "--ignore-eos",
+            "-t",
+            "0",
         ];
         args.extend_from_slice(extra);
         run_json(&args)
@@ -643,6 +651,18 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
     assert!(j["verify_passes"].as_u64().unwrap() < 24, "{j}");
     let b = greedy(&["--mem-budget", "25%"]);
     assert_eq!(b["tokens"], base["tokens"]);
+    // A repetition penalty changes greedy output, and speculative decoding follows it (each
+    // verify row penalised for its own draft path).
+    let pen = ["--repeat-penalty", "1.3", "--repeat-last-n", "16"];
+    let penalised = greedy(&pen);
+    assert_ne!(
+        penalised["tokens"], base["tokens"],
+        "the penalty changed nothing"
+    );
+    for tree in ["chain", "lever"] {
+        let j = greedy(&[&pen[..], &["--mode", "speculative", "--tree", tree]].concat());
+        assert_eq!(j["tokens"], penalised["tokens"], "penalised, tree {tree}");
+    }
     // The shipped draft (reduced vocabulary) with its early-exit probe, under a budget too,
     // and the self-drafter (the target's first layers + the shipped head): same tokens.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

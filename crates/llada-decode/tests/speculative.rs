@@ -1026,7 +1026,7 @@ fn sampling_with_penalties_follows_the_target_distribution() {
     let target = load("hf-llama");
     let lane = Lane::new("dense", 1).unwrap();
     let prompt = [7u32, 21, 40, 3];
-    const T: f32 = 0.5;
+    const T: f32 = 0.35;
     let params = |seed| SamplingParams {
         temperature: T,
         top_k: 0,
@@ -1055,7 +1055,7 @@ fn sampling_with_penalties_follows_the_target_distribution() {
             .unwrap();
         out.row(0).to_vec()
     };
-    let n = 1500;
+    let n = 3000;
     for shape in [
         TreeShape::Chain { n: 3, p_min: 0.0 },
         TreeShape::TopK { widths: vec![4, 2] },
@@ -1105,7 +1105,7 @@ fn sampling_with_penalties_follows_the_target_distribution() {
         let s: f32 = p.iter().sum();
         p.iter_mut().for_each(|v| *v /= s);
         let m = group.len();
-        assert!(m >= 200, "{shape:?}: only {m} runs share the first token");
+        assert!(m >= 300, "{shape:?}: only {m} runs share the first token");
         let mut counts = vec![0usize; p.len()];
         for &t in group {
             counts[t as usize] += 1;
