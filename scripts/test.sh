@@ -3,7 +3,9 @@
 #   1. numpy for the independent Python reference (tests/reference/),
 #   2. the reference fixtures: tiny LLaDA/Dream/LLaMA/Qwen2 checkpoints + golden logits,
 #   3. the default model (SmolLM2-135M-Instruct Q4_1) into the user cache via `llada fetch`,
-#   4. formatting and lints, then every Rust test.
+#   4. formatting and lints, then every Rust test;
+#   5. with --ci, the newcomer test (scripts/newcomer.sh): the README's commands run from a fresh
+#      clone's installed binary, outside the clone, with an empty model cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +23,6 @@ if [ "${1:-}" = "--ci" ] || [ -n "${LLADA_LINT:-}" ]; then
   cargo clippy --release --workspace --all-targets -- -D warnings
 fi
 cargo test --release --workspace
+if [ "${1:-}" = "--ci" ]; then
+  scripts/newcomer.sh
+fi

@@ -2,7 +2,7 @@
 """Train a synthetic-task diffusion model (LLaDA or Dream format) with PyTorch, on CPU or GPU.
 
 Written as the accelerator path of `llada train --preset tiny-llada-tasks` (Rust, candle), it
-has trained the shipped task models since stop 39, on this 2-core machine's CPU in under an hour
+trains the shipped task models on this 2-core machine's CPU in under an hour
 (each model card gives its command; the Rust recipe scores lower, docs/training.md). The same
 tasks, the same checkpoint format (HF directory with the real field
 and tensor names, loaded by the engine like any other), the same objective (two-stream
@@ -460,7 +460,7 @@ def parse():
                     help="EOS padding beyond a row's own answer region, up to the batch's "
                     "longest row: hidden from attention and loss, so each row trains in the "
                     "layout `llada eval` decodes it in (default), or `answer`: part of the "
-                    "answer, seen and weighted (stop 39's runs and checkpoint)")
+                    "answer, seen and weighted (an earlier layout)")
     ap.add_argument("--eos-tail", metavar="P:MAX",
                     help="with probability P a row's answer region is its answer, one EOS and a "
                     "uniform 0 to MAX (inclusive) more EOS, not rounded up to 32. With P = 1 "
@@ -499,8 +499,7 @@ def parse():
                     "budget, no warm-up objective — what `--init` of the first stage's output "
                     "would do (docs/training.md, 'A sort-weighted second stage'); the model "
                     "as the first stage left it is saved in OUT/stage1. On two threads the "
-                    "stage cost tiny-llada-tasks its rows (docs/training.md, 'One sort-weighted "
-                    "stage (stop 46)')")
+                    "stage cost tiny-llada-tasks its rows (docs/experiments/)")
     ap.add_argument("--multi-mix", metavar="SUB:WEIGHT,…",
                     help="weights of the sub-tasks (add, rev, cumsum) of the five items of a "
                          "training multi-question row, in both stages (default: uniform, as the "
@@ -510,7 +509,7 @@ def parse():
                     help="with probability P a training multi-question row's reversal item "
                          "draws its word from 1 to MOST letters instead of 1 to 16, in both "
                          "stages: short words sit behind the widest space padding of a row's "
-                         "right-aligned items, where stop 61's rows failed (default: the full "
+                         "right-aligned items, where such rows failed (default: the full "
                          "range, as the held-out split draws them)")
     ap.add_argument("--late-from", type=float, default=0.75,
                     help="fraction of the run's progress where the second stage begins")
@@ -521,8 +520,8 @@ def parse():
                     "10 %% of --lr; `continue`: one optimizer and one cosine (--lr to 10 %%) over "
                     "the whole run, the second stage changing only the batches (mix, EOS tails) "
                     "and dropping the warm-up objective, so the first stage is not annealed only "
-                    "to be heated again (--late-lr and --late-warmup-steps unused; stop 60's one "
-                    "run of it formed the rows and lost the sorts: docs/training.md)")
+                    "to be heated again (--late-lr and --late-warmup-steps unused; one "
+                    "run of it formed the rows and lost the sorts: docs/experiments/)")
     ap.add_argument("--late-warmup-steps", type=int, default=50)
     ap.add_argument("--ema", default="",
                     help="comma-separated decays (e.g. 0.999,0.9998): also keep exponential moving "

@@ -36,7 +36,7 @@ pub(crate) const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// weights and the load was the process's RSS peak (SmolLM2-135M at `--mem-budget 25%`: peak
 /// RSS 123–125 MB against ≈ 80 MB while decoding; 88–90 MB with this). Afterwards the previous
 /// delay comes back: decoding reuses its buffers, and purging at once slowed resident decoding
-/// by 10–15 % (docs/architecture.md, "Peak RSS").
+/// by 10–15 % (docs/architecture.md, "Weight store").
 pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<Model> {
     // SAFETY: reads and sets process-wide allocator options and asks mimalloc to return freed
     // pages; none of these touch live allocations.

@@ -138,7 +138,7 @@ pub enum DraftSource {
 
 /// What `--draft-quantize` does by default: a draft's proposals cost its weight reads (one
 /// forward per expanded node, one row or a few), and f16 checkpoints are computed in f32, so
-/// Q8_0 reads a quarter of the bytes. Measured (stop 21, `smollm2-draft`, chain, 64 tokens,
+/// Q8_0 reads a quarter of the bytes. Measured (`smollm2-draft`, chain, 64 tokens,
 /// alternated twice): drafting 6.1–6.2 → 3.4 ms per verify pass, the same tokens accepted.
 pub const DRAFT_QUANT: &str = "q8_0";
 
@@ -791,7 +791,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
         // rate) drifts within minutes; interleaved, every cell meets the same moments, so the
         // ratios between configurations and between drafters do not hang on their place in
         // the run (run one after the other, the drafter listed first was the faster in three
-        // runs out of three at stop 35). AR's first runs give the lossless reference.
+        // runs out of three). AR's first runs give the lossless reference.
         let mut sources: Vec<Loaded> = vec![];
         for draft in &a.drafts {
             let live_before = llada_kernels::weight_memory::live();
@@ -1042,7 +1042,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
             "peak_rss_bytes": peak_rss,
             // The bound read on the whole process: at SmolLM2-135M's size the runtime
             // (tokenizer, KV caches, drafts, buffers) alone exceeds it; at 8B it holds
-            // (docs/architecture.md, "Peak RSS").
+            // (docs/architecture.md, "Weight store").
             "rss_within_budget_plus_staging_10pct": peak_rss.and_then(within),
         }));
     }

@@ -183,7 +183,7 @@ pub struct TrainArgs {
     /// weighted (the recipe of the shipped Rust-trained cards). `hidden`: hidden from attention
     /// and the loss, so each row trains in the layout `llada eval` decodes it in whatever the
     /// batch holds; the autoregressive warm-up's loss then stops at each row's answer and one
-    /// EOS too (docs/training.md, "Hidden batch padding").
+    /// EOS too (docs/training.md, "Objectives").
     #[arg(long, default_value = "answer", value_parser = ["answer", "hidden"])]
     padding: String,
     /// Diffusion task models with `--padding hidden`: with probability P a training row's
@@ -192,7 +192,7 @@ pub struct TrainArgs {
     /// the model how long the answer is, so it learns to end answers itself and decodes in
     /// fixed regions up to about answer + MAX (`--gen-length 64`, `llada eval --answer-region
     /// 64` after `--eos-tail 1:64`; not far beyond what was drawn). MAX ≤ 512
-    /// (docs/training.md, "Random EOS tails").
+    /// (docs/training.md, "Objectives").
     #[arg(long, value_name = "P:MAX", value_parser = parse_eos_tail)]
     eos_tail: Option<(f64, usize)>,
     /// Task models: one length band (a quarter of the range) per training batch (`--bands
@@ -1411,7 +1411,7 @@ pub fn train(a: TrainArgs) -> Result<()> {
     let (structured, ar_warmup) = (
         a.structured_masks.unwrap_or(0.5),
         // LLaDA's two-stream warm-up step costs ≈ 1.8 diffusion steps: a shorter warm-up leaves
-        // more of the 55 minutes to diffusion (stop 28: held-out loss 0.206 at 0.3, 0.461 at 0.5).
+        // more of the 55 minutes to diffusion (measured: held-out loss 0.206 at 0.3, 0.461 at 0.5).
         a.ar_warmup.unwrap_or(match (card, spec.format) {
             (false, _) => 0.0,
             (true, Format::LLaDA) => 0.3,

@@ -408,7 +408,7 @@ fn bad_input_is_a_clear_error() {
             "cannot hold the longest held-out answer",
         ),
         (&["eval", "-m", "x", "--answer-region", "0"], "auto"),
-        // Stop 57's audit: each of these panicked, hung or ran silently before.
+        // An audit's findings: each of these panicked, hung or ran silently before.
         (
             &[
                 "generate",
@@ -804,8 +804,8 @@ fn bench_spec_reports_its_fields_for_interleaved_drafters() {
     let mem = &j["memory"][0];
     assert!(mem["draft_weight_bytes"].as_u64().unwrap() > 0, "{mem}");
     // Every configuration, TVC's included, is held to the bound: TVC stays off for a streamed
-    // target (stop 53), and the bench frees the staging pool's idle buffers between runs
-    // (stop 36: 1.105x before).
+    // target, and the bench frees the staging pool's idle buffers between runs
+    // (1.105x the bound without it).
     assert_eq!(
         mem["weights_within_budget_plus_staging_10pct"], true,
         "{mem}"

@@ -143,7 +143,7 @@ impl Drop for StagingBytes {
 /// A model streamed under a memory budget rebuilds the same units on every forward pass.
 /// Allocating their buffers fresh cost more CPU than reading the bytes: page faults, the kernel
 /// zeroing every new page and `munmap` on drop took ≈ 60 % of the storage thread's time on
-/// SmolLM2-135M at a 25 % budget (perf, stop 23), and that thread, not the storage device,
+/// SmolLM2-135M at a 25 % budget (perf), and that thread, not the storage device,
 /// bounded a pass. So a streamed unit is built inside one **arena** ([`in_arena`]): every
 /// matrix it repacks is carved from it, and when the unit's last matrix drops, the arena goes
 /// back to a pool for the next unit; read buffers ([`StagingBytes`]) are pooled likewise. The

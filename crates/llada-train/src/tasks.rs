@@ -8,27 +8,27 @@
 //! | `cumsum` | `cum:0…03141=` (zero-padded to [`CUM_WIDTH`] = 16 digits) | `0…03485` (running sum mod 10: every answer digit depends on the previous) | 16 |
 //! | `multi` | `1>␣␣…add:…;2>␣␣…rev:ab;…;5>…=` | `1>…␣␣;2>ba␣␣…;…;5>…` (five numbered questions in fixed columns, one response) | 139 |
 //!
-//! Sums and running sums are **fixed-width** (since stop 15): the operands have 1–16 (1–32)
-//! significant digits — 1–10 (1–16) since stop 16, which narrowed them so that an exact match
-//! needs fewer digits right — zero-padded, so every answer digit sits at the same distance from the
+//! Sums and running sums are **fixed-width**: the operands have 1–10 (1–16) significant digits
+//! (fewer than the 1–16 (1–32) first tried, so that an exact match needs fewer digits right),
+//! zero-padded, so every answer digit sits at the same distance from the
 //! operand digits it depends on in every example. Position enters these bidirectional RoPE
 //! models only through relative distances in attention; with natural-width numbers that distance
 //! depends on the operands' lengths, and a 4-minute run on sums alone went from 0 % to 12.5 %
-//! exact when the width was fixed (docs/training.md, "Fixed-width numbers"). Word reversal needs
+//! exact when the width was fixed (docs/training.md, "Synthetic tasks"). Word reversal needs
 //! no padding: answer letter k reads the prompt 2k + 2 positions back whatever the word's length.
 //! Answers of ≥ 128 characters come from multi-question responses.
 //!
-//! Multi-question prompts **number** their questions and answers (`2>` opens the second; since
-//! stop 25) and, since stop 28, lay them out in **fixed columns**: always [`MULTI_QUESTIONS`]
+//! Multi-question prompts **number** their questions and answers (`2>` opens the second) and lay
+//! them out in **fixed columns**: always [`MULTI_QUESTIONS`]
 //! questions, each question right-aligned in a [`MULTI_SLOT`]-character slot (spaces on its
 //! left) and each answer left-aligned in a slot of the same width (spaces on its right). The
 //! distance from an answer character to the question characters it depends on then depends
 //! only on its column, the same in every example (the same column of prompt and answer is
 //! 140 positions apart), as zero padding made it for sums.
-//! With free-length questions (stops 14–27) that distance depended on the lengths of every
+//! With free-length questions (an earlier layout) that distance depended on the lengths of every
 //! other question and answer, and no model ever answered one (0 % exact).
 //!
-//! Sorts have at most [`SORT_MAX`] digits since stop 28 (72 before: 0 % exact at every stop;
+//! Sorts have at most [`SORT_MAX`] digits (with up to 72, no model sorted one exactly;
 //! a sorted answer is right only if every digit's count is, and counts of up to ≈ 20 of each
 //! digit were beyond these models).
 //!

@@ -175,8 +175,8 @@ fn shard_loss_and_grads(
 /// The task and draft models are small (d_model 128–192): their matmuls are too short for
 /// candle's intra-op threading to keep two cores busy, and each step has serial stretches
 /// (graph bookkeeping, allocation, small element-wise ops). Two one-thread runs side by side
-/// each kept ≈ 80 % of a two-thread run's step rate (docs/training.md, "Time budgets"). This
-/// runs that way inside one run: the batch's rows are split into `n` shards and each shard's
+/// each kept ≈ 80 % of a two-thread run's step rate (docs/training.md, "Time budgets,
+/// progress, reproducibility"). This runs that way inside one run: the batch's rows are split into `n` shards and each shard's
 /// forward and backward run concurrently, each on its own one-thread rayon pool (candle's CPU
 /// ops and the fused ops here parallelise over the *current* pool), then the gradients are
 /// summed in shard order (deterministic for a given `n`). Shard `i`'s loss is scaled by its
@@ -416,7 +416,7 @@ pub struct TaskData {
     /// Fraction of the run's progress trained autoregressively first, as Dream-7B starts
     /// from an autoregressive model: Dream in its shifted layout
     /// ([`crate::objective::shifted_next_token_batch`]), LLaDA as plain next-token
-    /// prediction ([`crate::objective::next_token_batch`]; since stop 17).
+    /// prediction ([`crate::objective::next_token_batch`]).
     pub ar_warmup: f64,
     /// LLaDA's warm-up in its own alignment ([`crate::objective::two_stream_batch`]: output
     /// `i` predicts token `i` from a mask at `i`) instead of plain next-token prediction.
@@ -429,7 +429,7 @@ pub struct TaskData {
     /// `p`, a region of its answer, one EOS and a uniform `0..=max` more EOS instead of the
     /// rounded one ([`crate::objective::layout_padded`]'s `tails`), so the region's end no longer
     /// tells the model how long the answer is and other block and generation lengths decode in
-    /// its training layout (docs/training.md, "Random EOS tails"). The draws come from the
+    /// its training layout (docs/training.md, "Objectives"). The draws come from the
     /// batch's random stream only when set: `None` leaves every batch as before.
     pub eos_tail: Option<(f64, usize)>,
     /// Diffusion rows: hide the EOS padding beyond each row's own answer region from
@@ -438,8 +438,8 @@ pub struct TaskData {
     /// autoregressive warm-up rows then stop their loss at the row's answer and one EOS
     /// (causal: no attention reaches beyond).
     pub hide_padding: bool,
-    /// One length band (a quarter of the range) per training batch (true since stop 16:
-    /// without hidden padding it kept a short row's padding small); false draws every length.
+    /// One length band (a quarter of the range) per training batch (true by
+    /// default: without hidden padding it keeps a short row's padding small); false draws every length.
     pub bands: bool,
     /// How batches choose their task (uniform unless `mix.adaptive` > 0).
     pub mix: TaskMix,
@@ -588,10 +588,10 @@ impl DataSource for TaskData {
         )
     }
     /// One batch per task and length quarter (`batch / 4` held-out rows each, at least 1),
-    /// each with independent masks. Since stop 16; before, one batch mixed every task and
-    /// length, so a sum's row was padded to the longest sort and ≈ 95 % of its 1/(t·L) weight
-    /// fell on EOS padding: the figure could not tell a model that solves a third of the
-    /// split from one that solves none.
+    /// each with independent masks. In one batch mixing every task and length, a sum's row
+    /// is padded to the longest sort and ≈ 95 % of its 1/(t·L) weight falls on EOS padding:
+    /// the figure could not tell a model that solves a third of the split from one that
+    /// solves none.
     fn heldout_batches(
         &mut self,
         spec: &ModelSpec,

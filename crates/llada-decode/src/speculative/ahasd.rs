@@ -186,7 +186,7 @@ impl Tvc {
 ///   verifier's own reads, and holds a second set of staging buffers;
 /// * the cores, when the draft lane's and the verify lane's threads outnumber them.
 ///
-/// Measured at stop 53 (`llada bench spec --budgets 25%`, 2 cores): pre-verifying anyway ran
+/// Measured (`llada bench spec --budgets 25%`, 2 cores): pre-verifying anyway ran
 /// at 0.55x of lock-step (15.3 against 27.6 tok/s), read 86.8 MB per token against 48.8, and
 /// held 41.4 MB of weights against a 33.2 MB budget + staging.
 pub fn tvc_gate(
@@ -459,7 +459,7 @@ pub fn generate(
     // With TVC, a streamed target runs two passes at once (the verifier's and a
     // pre-verification on the draft lane), each holding its own staging units. The pool keeps
     // a second staging allowance for this generation — what those passes hold anyway — so
-    // their units are recycled instead of freed and re-allocated all along (stop 37: 0.8–0.9 GB
+    // their units are recycled instead of freed and re-allocated all along (measured: 0.8–0.9 GB
     // re-allocated over a four-prompt bench run without it).
     let _tvc_pool = target
         .store

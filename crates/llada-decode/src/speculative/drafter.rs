@@ -313,7 +313,7 @@ pub(crate) fn proposal(
         // (`exp` underflows in f32), so leaving it out changes no probability and no sum. A
         // reduced-vocabulary draft scores every id outside its 8 193 rows −10³⁰: normalising
         // and ranking all 49 152 cost more than the draft's forward (0.66 against 0.42–1.2 ms
-        // per proposal, stop 53). The ranking is the same too unless the top k reach ids of
+        // per proposal). The ranking is the same too unless the top k reach ids of
         // probability 0, whose order counts every id (lowest first): then, and with a NaN
         // logit, the full path decides.
         let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
