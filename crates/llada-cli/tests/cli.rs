@@ -142,7 +142,7 @@ fn bad_input_is_a_clear_error() {
         (&["generate", "hi", "--temperature=-1"], "temperature"),
         (
             &["generate", "hi", "--model", "/nonexistent/model.gguf"],
-            "neither a file",
+            "no such file or directory",
         ),
         (&["generate", "hi", "--quantize", "q3_z"], "--quantize"),
         (
