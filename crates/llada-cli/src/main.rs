@@ -661,7 +661,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             a.mode
         );
     }
-    if a.mode != "diffusion" && a.diffusion.strategy != "vanilla" {
+    if a.mode != "diffusion" && a.diffusion.strategy.is_some() {
         bail!(
             "--strategy applies to --mode diffusion (this run is --mode {})",
             a.mode

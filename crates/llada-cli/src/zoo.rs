@@ -3,10 +3,8 @@
 use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::diffusion::{
-    generate_with, CacheMode, Confidence, DiffusionConfig, DiffusionOutput, MultiBlock, Revision,
-    Schedule, StepView, TokenState,
-};
+use llada_decode::diffusion::{Confidence, DiffusionConfig, Revision, StepView, TokenState};
+use llada_decode::strategy::{DiffusionLanes, Strategy, StrategyOptions};
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::model::{Format, ModelSpec};
@@ -1478,14 +1476,11 @@ pub fn train(a: TrainArgs) -> Result<()> {
 /// Diffusion decoding options (shared by `generate --mode diffusion` and `eval`).
 #[derive(Args, Clone)]
 pub struct DiffusionArgs {
-    /// Strategy: vanilla (recompute everything every step, the reference), prefix (prompt +
-    /// finished blocks cached), dual (prefix + masked suffix cached; each step recomputes only
-    /// the current block), multi-block (dual + sliding window with adaptive lookahead into
-    /// future blocks), revision (dual + progressive revision on a concurrent sparse lane),
-    /// full (dual + multi-block + revision). multi-block, revision and full commit by
-    /// confidence threshold (default 0.9).
-    #[arg(long, default_value = "vanilla", value_parser = ["vanilla", "prefix", "dual", "multi-block", "revision", "full"])]
-    pub strategy: String,
+    /// Strategy [default: vanilla]; multi-block, revision and full commit by confidence
+    /// threshold (default 0.9). The table of what each caches and commits:
+    /// `llada_decode::strategy` (docs/diffusion.md).
+    #[arg(long, value_enum)]
+    pub strategy: Option<Strategy>,
     /// Commit every masked token whose confidence reaches this (at least one per step).
     #[arg(long)]
     pub threshold: Option<f32>,
@@ -1580,28 +1575,14 @@ pub fn parse_stable_on_commit(s: &str) -> Result<StableOnCommit, String> {
 }
 
 impl DiffusionArgs {
-    /// The decoder configuration for an answer of `gen_length` tokens.
-    pub fn config(
-        &self,
-        gen_length: usize,
-        temperature: f32,
-        seed: u64,
-    ) -> Result<DiffusionConfig> {
-        let timesteps = self.schedule == "timesteps";
-        let block = if timesteps {
-            gen_length
-        } else {
-            self.block_length
-        };
-        let cfg = DiffusionConfig {
+    /// The strategy options for an answer of `gen_length` tokens.
+    pub fn options(&self, gen_length: usize, temperature: f32, seed: u64) -> StrategyOptions {
+        StrategyOptions {
+            strategy: self.strategy.unwrap_or(Strategy::Vanilla),
             gen_length,
-            steps: self.steps.unwrap_or(gen_length),
-            block_length: block,
-            schedule: if timesteps {
-                Schedule::Timesteps { eps: 1e-3 }
-            } else {
-                Schedule::Uniform
-            },
+            steps: self.steps,
+            block_length: self.block_length,
+            timesteps: self.schedule == "timesteps",
             confidence: match self.confidence.as_str() {
                 "margin" => Confidence::Margin,
                 "entropy" => Confidence::NegEntropy,
@@ -1610,96 +1591,39 @@ impl DiffusionArgs {
             },
             temperature,
             seed,
-            cache: match self.strategy.as_str() {
-                "vanilla" => CacheMode::None,
-                "prefix" => CacheMode::Prefix,
-                _ => CacheMode::Dual,
-            },
-            refresh_prefix: self.prefix_refresh,
+            threshold: self.threshold,
+            window: self.window,
+            lookahead: self.lookahead,
+            revise_threshold: self.revise_threshold,
+            stable_threshold: self.stable_threshold,
+            max_probes: self.max_probes,
+            stable_on_commit: self.stable_on_commit.0,
+            concurrent_revision: !self.sequential_revision,
+            prefix_refresh: self.prefix_refresh,
             refresh_every: self.refresh_every,
-            threshold: self.threshold.or(self.speculative().then_some(0.9)),
-            multi_block: matches!(self.strategy.as_str(), "multi-block" | "full").then_some(
-                MultiBlock {
-                    window: self.window,
-                    lookahead: self.lookahead,
-                },
-            ),
-            revision: matches!(self.strategy.as_str(), "revision" | "full").then_some(Revision {
-                revise_threshold: self.revise_threshold,
-                stable_threshold: self.stable_threshold,
-                max_probes: self.max_probes,
-                stable_on_commit: self.stable_on_commit.0,
-                concurrent: !self.sequential_revision,
-                ..Revision::default()
-            }),
             cfg_scale: self.cfg_scale,
             alg_temp: self.alg_temp,
-        };
-        cfg.validate().map_err(anyhow::Error::msg)?;
-        Ok(cfg)
+        }
     }
-    fn speculative(&self) -> bool {
-        matches!(self.strategy.as_str(), "multi-block" | "revision" | "full")
+    /// The decoder configuration for an answer of `gen_length` tokens, checked.
+    pub fn config(
+        &self,
+        gen_length: usize,
+        temperature: f32,
+        seed: u64,
+    ) -> Result<DiffusionConfig> {
+        self.options(gen_length, temperature, seed)
+            .config()
+            .map_err(anyhow::Error::msg)
     }
     /// A short name for reports.
     pub fn name(&self) -> String {
-        let mut name = match self.threshold.or(self.speculative().then_some(0.9)) {
-            Some(t) => format!("{}+threshold{t}", self.strategy),
-            None => self.strategy.clone(),
-        };
-        if self.prefix_refresh && self.strategy != "vanilla" {
-            name += "+prefix-refresh";
-        }
-        if self.refresh_every > 0 {
-            name += &format!("+refresh-every{}", self.refresh_every);
-        }
-        name
+        self.options(self.gen_length, 0.0, 0).name()
     }
 }
 
-/// The lanes a diffusion strategy runs on: the dense lane with every thread, and a sparse lane
-/// of its own only when asked for (see [`Lanes::new`]).
-pub struct Lanes {
-    pub dense: Lane,
-    pub sparse: Option<Lane>,
-}
-
-impl Lanes {
-    /// The lanes for `cfg`. Concurrent revision runs its sparse pass beside the dense pass on
-    /// the dense lane's threads ([`Lane::join`]), unless `sparse_pool` gives it a one-thread
-    /// pool of its own. Measured on 2 cores (`llada bench diffusion`, strategies `full` and
-    /// `full-sparse-pool`): the own pool preempts a dense worker, and every parallel kernel of
-    /// the dense pass then waits for it — the dense pass took ≈ 1.5x longer, more than the
-    /// sparse work itself; the join made revision cost ≈ 5 % over multi-block instead of
-    /// 15–30 %. The own pool is for machines with a core to spare.
-    pub fn new(threads: usize, cfg: &DiffusionConfig, sparse_pool: bool) -> Result<Self> {
-        let concurrent = cfg.revision.is_some_and(|r| r.concurrent);
-        Ok(Self {
-            dense: Lane::new("dense", threads)?,
-            sparse: if concurrent && sparse_pool {
-                Some(Lane::new("sparse", 1)?)
-            } else {
-                None
-            },
-        })
-    }
-    pub fn generate(
-        &self,
-        model: &Model,
-        prompt: &[u32],
-        cfg: &DiffusionConfig,
-        observe: Option<&mut dyn FnMut(&StepView)>,
-    ) -> Result<DiffusionOutput> {
-        Ok(generate_with(
-            model,
-            &self.dense,
-            self.sparse.as_ref(),
-            prompt,
-            cfg,
-            observe,
-        )?)
-    }
-}
+/// The lanes a diffusion strategy runs on ([`DiffusionLanes`]).
+pub type Lanes = DiffusionLanes;
 
 /// `llada generate --mode diffusion`.
 pub fn generate_diffusion(

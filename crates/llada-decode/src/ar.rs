@@ -51,6 +51,8 @@ pub struct GenerateOutput {
     pub text: String,
     pub tokens: Vec<u32>,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV rows were already in the cache (not prefilled again).
+    pub cached_prompt_tokens: usize,
     pub generated_tokens: usize,
     pub forward_passes: usize,
     pub prefill_s: f64,
@@ -101,6 +103,22 @@ pub fn generate(
     lane: &Lane,
     prompt: &[u32],
     cfg: &GenerateConfig,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerateOutput, ModelError> {
+    generate_in(model, lane, &mut model.new_cache(), prompt, cfg, on_text)
+}
+
+/// [`generate`] into `cache`, which holds the KV rows of a prefix of `prompt` (of
+/// `cache.len()` tokens, at most all but the last; a longer cache is cut to that): only the
+/// rest of the prompt is prefilled — a conversation's next turn costs its new tokens only.
+/// Afterwards the cache holds the prompt and every generated token that was fed back (all but
+/// the last one sampled when the budget or a stop string ended the run).
+pub fn generate_in(
+    model: &Model,
+    lane: &Lane,
+    cache: &mut llada_runtime::KvCache,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, ModelError> {
     let t0 = Instant::now();
@@ -126,17 +144,18 @@ pub fn generate(
         vec![]
     };
     let mut sampler = Sampler::new(cfg.sampling);
-    let mut cache = model.new_cache();
     let mut passes = 0;
 
-    // Prefill in chunks.
+    // Prefill what the cache lacks, in chunks.
+    let cached = cache.len().min(prompt.len() - 1);
+    cache.truncate(cached);
     let positions: Vec<u32> = (0..prompt.len() as u32).collect();
     let mut logits = Vec::new();
-    for (c, chunk) in prompt.chunks(cfg.prefill_chunk.max(1)).enumerate() {
-        let start = c * cfg.prefill_chunk.max(1);
+    let chunk_len = cfg.prefill_chunk.max(1);
+    for (c, chunk) in prompt[cached..].chunks(chunk_len).enumerate() {
+        let start = cached + c * chunk_len;
         let pos = &positions[start..start + chunk.len()];
-        let out =
-            lane.run(|| model.forward(&ForwardRequest::causal_append(chunk, pos), &mut cache))?;
+        let out = lane.run(|| model.forward(&ForwardRequest::causal_append(chunk, pos), cache))?;
         passes += 1;
         logits = out.logits;
     }
@@ -196,8 +215,8 @@ pub fn generate(
             reason = StopReason::Context;
             break;
         }
-        let out = lane
-            .run(|| model.forward(&ForwardRequest::causal_append(&[next], &[pos]), &mut cache))?;
+        let out =
+            lane.run(|| model.forward(&ForwardRequest::causal_append(&[next], &[pos]), cache))?;
         passes += 1;
         logits = out.logits;
     }
@@ -207,6 +226,7 @@ pub fn generate(
         text,
         tokens,
         prompt_tokens: prompt.len(),
+        cached_prompt_tokens: cached,
         forward_passes: passes,
         prefill_s,
         decode_s,
