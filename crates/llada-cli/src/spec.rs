@@ -3,13 +3,11 @@
 use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::speculative::drafter::{
-    Drafter, HybridDrafter, ModelDrafter, NgramDrafter, TreeShape,
-};
+use llada_decode::speculative::drafter::{Drafter, TreeShape};
 use llada_decode::speculative::featdraft::{FeatureDrafter, FeatureHead, FeatureModel};
 use llada_decode::speculative::prune::{self, ExitProbe, ProbeData};
-use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter, SelfHead};
-use llada_decode::speculative::{generate as spec_generate, SpecConfig, SpecOutput};
+use llada_decode::speculative::selfdraft::{fit_head, SelfDrafter};
+use llada_decode::speculative::{generate as spec_generate, SpecConfig};
 use llada_decode::{generate, GenerateConfig, SamplingParams};
 use llada_kernels::GgmlType;
 use llada_model::{LoadOptions, Model};
@@ -20,21 +18,22 @@ use std::path::PathBuf;
 /// Speculative decoding options (shared by `generate --mode speculative` and `bench spec`).
 #[derive(Args, Clone)]
 pub struct SpecArgs {
-    /// Drafter: `ngram` (prompt lookup, no model), a draft model (path or alias) sharing the
-    /// target's token ids, e.g. models/smollm2-draft, or `self` / `self:HEAD.safetensors`
+    /// Drafter [default: ngram]: `ngram` (prompt lookup, no model), a draft model (path,
+    /// shipped name or alias) sharing the target's token ids, e.g. smollm2-draft, or `self` / `self:HEAD.safetensors`
     /// (the target's first layers plus a head from `llada train-self-draft`), or `feature` /
     /// `feature:HEAD.safetensors` (a small network drafting from the target's own final
     /// features, from `llada train-feature-draft`; not with --ahasd); `ngram+SOURCE` merges
     /// prompt lookup into SOURCE's proposals (e.g. `ngram+models/smollm2-draft`).
-    #[arg(long, default_value = "ngram")]
-    pub draft: String,
+    #[arg(long)]
+    pub draft: Option<String>,
     /// Requantize a draft model's matrices at load: q8_0 (default: a quarter of the f32 bytes
     /// its proposals read), q4_0, q4_1, q4_k, or none (compute the checkpoint as stored).
     #[arg(long, default_value = DRAFT_QUANT)]
     pub draft_quantize: String,
-    /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth).
-    #[arg(long, default_value = "lever", value_parser = ["chain", "topk", "lever"])]
-    pub tree: String,
+    /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth)
+    /// [default: lever].
+    #[arg(long, value_parser = ["chain", "topk", "lever"])]
+    pub tree: Option<String>,
     /// Chain: tokens drafted per step.
     #[arg(long, default_value_t = 16)]
     pub n_draft: usize,
@@ -88,7 +87,7 @@ pub struct SpecArgs {
 
 impl SpecArgs {
     pub fn shape(&self) -> Result<TreeShape> {
-        Ok(match self.tree.as_str() {
+        Ok(match self.tree_name() {
             "chain" => {
                 if self.n_draft == 0 {
                     bail!("--n-draft must be at least 1");
@@ -123,276 +122,84 @@ impl SpecArgs {
     }
 }
 
-/// A loaded drafter: the n-gram drafter, a draft model (kept alive for the borrow), the
-/// target's own first layers with a trained head (`self`, `self:PATH`), a head drafting from
-/// the target's features (`feature`, `feature:PATH`), or any of those with prompt lookup merged
-/// in (`ngram+SOURCE`, e.g. `ngram+models/smollm2-draft`).
-pub enum DraftSource {
-    Ngram,
-    Model(Box<Model>),
-    SelfDraft(SelfHead),
-    /// A feature head, its matrices built (and counted as the drafter's weights) at load.
-    Feature(Box<FeatureModel>),
-    Hybrid(Box<DraftSource>),
-}
+pub use llada::draft::{
+    draft_quant, feature_head_path, same_token_ids, DraftSource, DRAFT_QUANT, FEATURE_HEAD,
+    SELF_HEAD,
+};
 
-/// What `--draft-quantize` does by default: a draft's proposals cost its weight reads (one
-/// forward per expanded node, one row or a few), and f16 checkpoints are computed in f32, so
-/// Q8_0 reads a quarter of the bytes. Measured (`smollm2-draft`, chain, 64 tokens,
-/// alternated twice): drafting 6.1–6.2 → 3.4 ms per verify pass, the same tokens accepted.
-pub const DRAFT_QUANT: &str = "q8_0";
-
-/// `--draft-quantize`: a matrix type, or `none` to compute the checkpoint as stored.
-pub fn draft_quant(s: &str) -> Result<Option<GgmlType>> {
-    crate::parse_quant("--draft-quantize", Some(s).filter(|s| *s != "none"))
-}
-
-/// Where `--draft self` finds its head.
-pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
-
-/// Where `--draft feature` finds its head.
-pub const FEATURE_HEAD: &str = "models/smollm2-featdraft/head.safetensors";
-
-/// The head file a `feature` / `feature:PATH` drafter name points at (`None`: another kind).
-fn feature_head_path(name: &str) -> Option<std::path::PathBuf> {
-    match name {
-        "feature" => Some(crate::models::locate(std::path::Path::new(FEATURE_HEAD))),
-        _ => name
-            .strip_prefix("feature:")
-            .map(|p| crate::models::locate(std::path::Path::new(p))),
+impl SpecArgs {
+    /// The drafter's name (`ngram` when not given).
+    pub fn draft_name(&self) -> &str {
+        self.draft.as_deref().unwrap_or("ngram")
     }
-}
-
-/// A draft model's token ids mean the same as the target's only with one tokenizer: the
-/// vocabularies must match (`generate --draft`, `bench spec`, `eval --target`).
-pub(crate) fn same_token_ids(
-    draft_path: &std::path::Path,
-    draft: &Model,
-    target: &Model,
-) -> Result<()> {
-    if draft.config.vocab != target.config.vocab {
-        bail!(
-            "draft {} has {} token ids, the target {}: a draft must share the target's tokenizer",
-            draft_path.display(),
-            draft.config.vocab,
-            target.config.vocab
-        );
+    /// The tree's name (`lever` when not given).
+    fn tree_name(&self) -> &str {
+        self.tree.as_deref().unwrap_or("lever")
     }
-    Ok(())
-}
-
-impl DraftSource {
-    /// `quant`: requantize a draft model's matrices at load ([`draft_quant`]).
-    pub fn load(name: &str, target: &Model, quant: Option<GgmlType>) -> Result<Self> {
-        if name == "ngram" {
-            return Ok(Self::Ngram);
-        }
-        if let Some(inner) = name.strip_prefix("ngram+") {
-            return Ok(Self::Hybrid(Box::new(Self::load(inner, target, quant)?)));
-        }
-        if name == "self" || name.starts_with("self:") {
-            let p = crate::models::locate(std::path::Path::new(
-                name.strip_prefix("self:").unwrap_or(SELF_HEAD),
-            ));
-            let head = SelfHead::load(&p, target)
-                .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-self-draft`)"))?;
-            if let Some(i) = target.weights.layers[..head.layers]
-                .iter()
-                .position(|l| l.is_none())
-            {
-                bail!(
-                    "self-drafting runs the target's first {} layers, but layer {i} is streamed under this memory budget",
-                    head.layers
-                );
-            }
-            return Ok(Self::SelfDraft(head));
-        }
-        if let Some(p) = feature_head_path(name) {
-            let head = FeatureHead::load(&p, target)
-                .map_err(|e| anyhow::anyhow!("{e} (train one with `llada train-feature-draft`)"))?;
-            return Ok(Self::Feature(Box::new(FeatureModel::new(
-                target, head, quant,
-            )?)));
-        }
-        let path = crate::models::resolve(name, true)?;
-        let m = crate::load_model(
-            &path,
-            &LoadOptions {
-                no_tokenizer: true,
-                quantize: quant,
-                ..Default::default()
-            },
-        )
-        .with_context(|| format!("loading draft {}", path.display()))?;
-        same_token_ids(&path, &m, target)?;
-        Ok(Self::Model(Box::new(m)))
+    /// Whether any option of speculative decoding was given (refused in other modes).
+    pub fn any_given(&self) -> bool {
+        self.draft.is_some()
+            || self.tree.is_some()
+            || self.early_exit
+            || self.ahasd.is_some()
+            || self.edc
+            || self.tvc
     }
-    /// Whether the drafter drafts from the target's features (not on AHASD's draft lane).
-    pub fn reads_features(&self) -> bool {
-        match self {
-            Self::Feature(..) => true,
-            Self::Hybrid(inner) => inner.reads_features(),
-            _ => false,
-        }
-    }
-    /// Drafters no probe is trained for (prompt lookup, the self-drafter), `ngram+` stripped.
-    fn probe_less(name: &str) -> bool {
-        let base = name.strip_prefix("ngram+").unwrap_or(name);
-        base == "ngram" || base == "self" || base.starts_with("self:")
-    }
-    /// The early-exit probe shipped with draft `name` (`probe.json` in its directory).
-    pub fn probe(name: &str) -> Result<Option<ExitProbe>> {
-        if let Some(inner) = name.strip_prefix("ngram+") {
-            return Self::probe(inner);
-        }
-        if Self::probe_less(name) {
+    /// The early-exit probe `--early-exit` asks for: the draft's, checked.
+    pub fn exit_probe(&self) -> Result<Option<ExitProbe>> {
+        if !self.early_exit {
             return Ok(None);
         }
-        // A feature head's probe sits beside its file.
-        if let Some(head) = feature_head_path(name) {
-            let p = head.with_file_name("probe.json");
-            if !p.exists() {
-                return Ok(None);
-            }
-            return Ok(Some(ExitProbe::load(&p).map_err(anyhow::Error::msg)?));
-        }
-        let path = crate::models::resolve(name, true)?;
-        let p = if path.is_dir() {
-            path.join("probe.json")
-        } else {
-            path.with_file_name("probe.json")
-        };
-        if !p.exists() {
-            return Ok(None);
-        }
-        Ok(Some(ExitProbe::load(&p).map_err(anyhow::Error::msg)?))
-    }
-    pub fn drafter<'a>(
-        &'a self,
-        target: &'a Model,
-        lane: &'a Lane,
-        temperature: f32,
-    ) -> Result<Box<dyn Drafter + 'a>> {
-        Ok(match self {
-            Self::Ngram => Box::new(NgramDrafter),
-            Self::Model(m) => Box::new(ModelDrafter::new(m, lane, temperature)),
-            Self::SelfDraft(h) => Box::new(SelfDrafter::new(target, lane, h.clone(), temperature)?),
-            Self::Feature(m) => Box::new(FeatureDrafter::new(target, m, temperature)),
-            Self::Hybrid(inner) => Box::new(HybridDrafter {
-                inner: inner.drafter(target, lane, temperature)?,
-            }),
-        })
-    }
-}
-
-/// Run speculative generation for the CLI.
-pub fn run_generate(
-    target: &Model,
-    lane: &Lane,
-    ids: &[u32],
-    cfg: &GenerateConfig,
-    a: &SpecArgs,
-) -> Result<SpecOutput> {
-    let src = DraftSource::load(&a.draft, target, draft_quant(&a.draft_quantize)?)?;
-    let exit = if a.early_exit {
-        let base = a.draft.strip_prefix("ngram+").unwrap_or(&a.draft);
+        let draft = self.draft_name();
+        let base = draft.strip_prefix("ngram+").unwrap_or(draft);
         if DraftSource::probe_less(base) {
             bail!(
                 "--early-exit prunes with a probe trained for a draft model or a feature head; \
-                 `{}` has none (e.g. --draft models/smollm2-draft)",
-                a.draft
+                 `{draft}` has none (e.g. --draft smollm2-draft)"
             );
         }
-        Some(DraftSource::probe(&a.draft)?.with_context(|| {
+        Ok(Some(DraftSource::probe(draft)?.with_context(|| {
             format!("--early-exit needs {base}/probe.json: run `llada train-probe --draft {base}`")
-        })?)
-    } else {
-        None
-    };
-    if let Some(p) = &exit {
-        if p.layer + 1 >= target.config.n_layers {
-            bail!(
-                "the probe exits after layer {}, the target has {} layers: retrain it for this target",
-                p.layer,
-                target.config.n_layers
-            );
-        }
+        })?))
     }
-    let draft_lane = Lane::new("draft", 1)?;
-    let sparse = Lane::new("sparse", 1)?;
-    let mut d = src.drafter(target, &draft_lane, cfg.sampling.temperature)?;
-    if a.ahasd.is_none() && (a.edc || a.tvc) {
-        bail!("--edc and --tvc are gates of the AHASD pipeline: add --ahasd async (or sync)");
-    }
-    let stop: Vec<u32> = if cfg.stop_at_eos {
-        target
-            .tokenizer
-            .as_ref()
-            .map(|t| t.stop_ids.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .chain(target.config.eos_id)
-            .collect()
-    } else {
-        vec![]
-    };
-    if let Some(mode) = &a.ahasd {
-        if cfg.sampling.temperature > 0.0 {
+    /// The AHASD options `--ahasd` asks for (sampled at `temperature`), checked.
+    pub fn ahasd(&self, temperature: f32) -> Result<Option<llada::Ahasd>> {
+        let Some(mode) = &self.ahasd else {
+            if self.edc || self.tvc {
+                bail!(
+                    "--edc and --tvc are gates of the AHASD pipeline: add --ahasd async (or sync)"
+                );
+            }
+            return Ok(None);
+        };
+        if temperature > 0.0 {
             bail!("--ahasd verifies greedily: use -t 0 (without -t, --ahasd decodes greedily)");
         }
-        if exit.is_some() {
+        if self.early_exit {
             bail!("--early-exit prunes tree verification; the AHASD pipeline verifies chains");
         }
-        if a.batch == 0 {
+        if self.batch == 0 {
             bail!("--batch must be at least 1");
         }
-        let o = llada_decode::speculative::ahasd::generate(
-            target,
-            lane,
-            &draft_lane,
-            d.as_mut(),
-            ids,
-            &llada_decode::speculative::ahasd::AsyncConfig {
-                max_tokens: cfg.max_tokens,
-                batch: a.batch,
-                max_verify: 16,
-                edc: a.edc,
-                tvc: a.tvc,
-                tvc_on_shared: a.tvc_shared,
-                synchronous: mode == "sync",
-                stop_ids: stop,
-                sampling: cfg.sampling,
-            },
-        )?;
-        return Ok(SpecOutput {
-            tokens: o.tokens,
-            verify_passes: o.verify_passes,
-            accepted: o.accepted,
-            draft_s: o.draft_busy_s,
-            verify_s: o.verify_busy_s,
-            prefill_s: o.prefill_s,
-            total_s: o.total_s,
-            tvc_gated: o.tvc_gated,
-            preverified: o.preverified,
-            ..Default::default()
-        });
+        Ok(Some(llada::Ahasd {
+            synchronous: mode == "sync",
+            edc: self.edc,
+            tvc: self.tvc,
+            tvc_shared: self.tvc_shared,
+            batch: self.batch,
+        }))
     }
-    Ok(spec_generate(
-        target,
-        lane,
-        Some(&sparse),
-        d.as_mut(),
-        ids,
-        &SpecConfig {
-            max_tokens: cfg.max_tokens,
-            sampling: cfg.sampling,
-            shape: a.shape()?,
-            stop_ids: stop,
-            exit,
-            probe_log: None,
-            fixed_cost: None,
-        },
-    )?)
+    /// A name for reports: the tree, or the AHASD pipeline and its gates.
+    pub fn describe(&self) -> String {
+        match &self.ahasd {
+            Some(m) => format!(
+                "AHASD {m}{}{}",
+                if self.edc { " + EDC" } else { "" },
+                if self.tvc { " + TVC" } else { "" }
+            ),
+            None => format!("tree {}", self.tree_name()),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -802,7 +609,7 @@ pub fn bench(a: SpecBenchArgs) -> Result<()> {
                     pb.suspend(|| eprintln!("skipping {draft} at budget {budget}: {e}"));
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             let draft_w = llada_kernels::weight_memory::live().saturating_sub(live_before);
             let probe = DraftSource::probe(draft)?.filter(|p| p.layer + 1 < target.config.n_layers);

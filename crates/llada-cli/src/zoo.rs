@@ -3,7 +3,7 @@
 use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada_decode::diffusion::{Confidence, DiffusionConfig, Revision, StepView, TokenState};
+use llada_decode::diffusion::{Confidence, DiffusionConfig, Revision};
 use llada_decode::strategy::{DiffusionLanes, Strategy, StrategyOptions};
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
@@ -1624,127 +1624,6 @@ impl DiffusionArgs {
 
 /// The lanes a diffusion strategy runs on ([`DiffusionLanes`]).
 pub type Lanes = DiffusionLanes;
-
-/// `llada generate --mode diffusion`.
-pub fn generate_diffusion(
-    prompt: &str,
-    margs: &crate::ModelArgs,
-    raw: bool,
-    json: bool,
-    s: &crate::SamplingArgs,
-    d: &DiffusionArgs,
-) -> Result<()> {
-    // Without --model, diffusion mode runs the zoo's prose model (the task model if the prose
-    // model is absent).
-    let path = if margs.model == "smollm2" {
-        let dir = crate::models::shipped_dir();
-        ["tiny-llada-prose", "tiny-llada-tasks"]
-            .iter()
-            .filter_map(|n| dir.as_ref().map(|d| d.join(n)))
-            .find(|p| p.join("config.json").exists())
-            .with_context(|| {
-                format!(
-                    "no default diffusion model: tiny-llada-prose / tiny-llada-tasks are not in {} \
-                     (set LLADA_MODELS to the repository's models/ directory, or pass --model)",
-                    dir.map_or("any shipped models directory".into(), |d| d.display().to_string())
-                )
-            })?
-    } else {
-        crate::models::resolve(&margs.model, json)?
-    };
-    // Options are checked before the load (an 8B model takes seconds to load).
-    let cfg = d.config(
-        d.gen_length,
-        s.temperature.unwrap_or(0.0),
-        s.seed.unwrap_or(0),
-    )?;
-    let threads = crate::threads(margs.threads)?;
-    // The same options as every other mode: a memory budget streams what does not fit, one
-    // denoising pass at a time.
-    let opts = crate::load_options(margs)?;
-    let rss_before_load = llada_model::store::rss_bytes();
-    let m = crate::load_model(&path, &opts)?;
-    let tok = m
-        .tokenizer
-        .as_ref()
-        .context("this model has no tokenizer")?;
-    let text = if raw || tok.template == llada_formats::tokenizer::ChatTemplate::Raw {
-        prompt.to_string()
-    } else {
-        tok.template.render(
-            &[llada_formats::tokenizer::Message::new("user", prompt)],
-            true,
-        )
-    };
-    let mut ids = crate::encode_prompt(tok, &text)?;
-    if let Some(bos) = m.config.bos_id {
-        if ids.first() != Some(&bos) {
-            ids.insert(0, bos);
-        }
-    }
-    let lanes = Lanes::new(threads, &cfg, d.sparse_pool)?;
-    let mut view = |v: &StepView| {
-        let mut line = String::new();
-        for ((&t, st), &rev) in v.tokens.iter().zip(v.states).zip(v.revised) {
-            let text = if t == v.mask_id {
-                "░".to_string()
-            } else {
-                // Special tokens (EOS padding) decode to nothing: show them as a dot.
-                let s = tok.decode(&[t]).replace('\n', "⏎");
-                if s.is_empty() {
-                    "·".to_string()
-                } else {
-                    s
-                }
-            };
-            let color = match (st, rev) {
-                (TokenState::Invisible, _) => "\x1b[2m",
-                (_, true) => "\x1b[35m",
-                (TokenState::Visible, _) => "\x1b[33m",
-                (TokenState::Stable, _) => "\x1b[0m",
-            };
-            line.push_str(color);
-            line.push_str(&text);
-        }
-        eprintln!("\x1b[2J\x1b[H{line}\x1b[0m");
-    };
-    let observer: Option<&mut dyn FnMut(&StepView)> = if d.visual { Some(&mut view) } else { None };
-    let out = lanes.generate(&m, &ids, &cfg, observer)?;
-    let stop: Vec<u32> = tok
-        .stop_ids
-        .iter()
-        .copied()
-        .chain(m.config.eos_id)
-        .collect();
-    let end = out
-        .tokens
-        .iter()
-        .position(|t| stop.contains(t))
-        .unwrap_or(out.tokens.len());
-    let answer = tok.decode(&out.tokens[..end]);
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"model": path.display().to_string(), "mode": "diffusion", "strategy": d.name(),
-                "text": answer, "tokens": out.tokens, "prompt_ids": ids, "prompt_tokens": ids.len(),
-                "generated_tokens": end, "forward_passes": out.forward_passes, "rows_computed": out.rows_computed,
-                "timings": {"total_s": out.total_s}, "memory": crate::memory_report(&m, rss_before_load).0})
-        );
-    } else {
-        println!("{answer}");
-        eprintln!(
-            "[{} forward passes, {} rows, {:.3}s, strategy {}]",
-            out.forward_passes,
-            out.rows_computed,
-            out.total_s,
-            d.name()
-        );
-        if let Some(line) = crate::memory_report(&m, rss_before_load).1 {
-            eprintln!("{line}");
-        }
-    }
-    Ok(())
-}
 
 #[derive(Args)]
 pub struct EvalArgs {

@@ -418,3 +418,22 @@ fn download_into(a: &Alias, dest: &Path, tmp: &Path, pb: &indicatif::ProgressBar
     }
     Ok(n)
 }
+
+/// The diffusion model `--mode diffusion` runs without `--model`: the shipped prose model
+/// (the task model where the prose model is absent).
+pub fn default_diffusion_model() -> Result<PathBuf> {
+    let dir = shipped_dir();
+    ["tiny-llada-prose", "tiny-llada-tasks"]
+        .iter()
+        .filter_map(|n| dir.as_ref().map(|d| d.join(n)))
+        .find(|p| p.join("config.json").exists())
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "no default diffusion model: tiny-llada-prose / tiny-llada-tasks are not in {} \
+                 (set LLADA_MODELS to the repository's models/ directory, or pass --model)",
+                dir.map_or("any shipped models directory".into(), |d| d
+                    .display()
+                    .to_string())
+            ))
+        })
+}
