@@ -23,6 +23,8 @@ if [ "${1:-}" = "--ci" ] || [ -n "${LLADA_LINT:-}" ]; then
   cargo clippy --release --workspace --all-targets -- -D warnings
 fi
 cargo test --release --workspace
+# The library's first screen of docs, run: every mode through the facade.
+cargo run --release --quiet -p llada --example embed
 if [ "${1:-}" = "--ci" ]; then
   scripts/newcomer.sh
 fi

@@ -302,3 +302,42 @@ fn sampling_options_are_checked_per_mode() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("greedily"), "{}", stderr(&out));
 }
+
+/// `llada chat` keeps one session: the second turn takes most of its prompt from the KV cache
+/// (the timing line says how many prompt tokens came from it).
+#[test]
+fn chat_turns_reuse_the_kv_cache() {
+    use std::io::Write;
+    let mut child = llada()
+        .args(["chat", "-t", "0", "-n", "12"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Name a sea.\nAnd another one?\n/exit\n")
+        .unwrap();
+    let out = ok(child.wait_with_output().unwrap(), "chat");
+    let err = stderr(&out);
+    // "[N prompt tokens, M from the cache; …]" per turn.
+    let turns: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once('[')?;
+            let (n, rest) = rest.split_once(" prompt tokens, ")?;
+            let (m, _) = rest.split_once(" from the cache")?;
+            Some((n.parse().ok()?, m.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(turns.len(), 2, "{err}");
+    assert_eq!(turns[0].1, 0, "{err}");
+    let (n, m) = turns[1];
+    assert!(
+        m > turns[0].0 / 2 && m < n,
+        "second turn: {m} of {n} cached: {err}"
+    );
+}
