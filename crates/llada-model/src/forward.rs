@@ -667,13 +667,4 @@ impl Model {
             })
             .collect()
     }
-
-    /// A KV cache sized for this model's context.
-    pub fn new_cache(&self) -> KvCache {
-        KvCache::new(
-            self.config.n_layers,
-            self.config.kv_dim(),
-            self.config.max_ctx,
-        )
-    }
 }

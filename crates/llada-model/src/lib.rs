@@ -4,11 +4,18 @@
 //!   or an HF `config.json` with the real field names;
 //! * [`weights`]: tensors mapped into [`weights::Linear`] layers (our quantized kernel, or
 //!   candle for dense weights), with llama.cpp's q/k row permutation undone at load;
+//! * [`load`]: a [`Model`] from a GGUF file or an HF directory, tensor names per layout in
+//!   `tensor_names`, layers built by `layer_builder`;
+//! * [`store`]: the memory budget — which weights stay resident, streaming the rest;
 //! * [`forward`]: the one forward entry point every decoder uses ([`Model::forward`]).
 pub mod config;
+mod export;
 pub mod forward;
+mod layer_builder;
 pub mod load;
+mod model;
 pub mod store;
+mod tensor_names;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

@@ -21,7 +21,7 @@
 //! real. An optional bandwidth emulates a phone's flash
 //! (`--storage-bw`): a read of `b` bytes takes at least `b / bw` seconds.
 
-use crate::load::Recipe;
+use crate::layer_builder::Recipe;
 use crate::weights::{Layer, Linear};
 use crate::{ModelConfig, ModelError};
 use llada_formats::{TensorSource, TensorView};
