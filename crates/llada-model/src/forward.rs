@@ -9,14 +9,30 @@
 //!   for those rows (selective logits).
 //!
 //! Logits are returned raw, per row; Dream's one-position shift is the decoder's business.
+//!
+//! The pass reads as its stages: `validate` the request, embed the rows and build their RoPE
+//! tables (`batch`), then per layer a `block` — norm, `attention` (which writes the layer's
+//! K/V), norm, `mlp` — with early exit between blocks (`batch`), and finally the `head` (final
+//! norm, LM head for the logit rows). Streaming weights under a memory budget is plumbing
+//! around the blocks: a streamed layer arrives from the prefetch threads and is computed like
+//! a resident one.
+
+mod attention;
+mod batch;
+mod head;
+mod mlp;
+mod ops;
+mod validate;
 
 use crate::store::Unit;
 use crate::weights::Layer;
 use crate::{Model, ModelError};
-use llada_kernels::vecops::{attend_head, dot, KvRows};
-use llada_runtime::trace::{OpSpan, Tracer};
+use batch::Batch;
+use head::Stream;
+use llada_kernels::vecops::dot;
+use llada_runtime::trace::Tracer;
 use llada_runtime::KvCache;
-use rayon::prelude::*;
+use validate::CacheRead;
 
 /// Which keys a query row sees.
 #[derive(Debug, Clone, Copy)]
@@ -122,44 +138,6 @@ impl ForwardOutput {
     }
 }
 
-fn rmsnorm(x: &[f32], w: &[f32], eps: f64, rows: &[usize], layer: i32) -> Vec<f32> {
-    let d = w.len();
-    let _s = OpSpan::begin("rmsnorm", layer, &[rows.len() as u64, d as u64], "F32").cost(
-        (rows.len() * d * 4 + d * 4) as u64,
-        (rows.len() * d * 4) as u64,
-        (rows.len() * d * 3) as u64,
-    );
-    let mut out = vec![0f32; rows.len() * d];
-    for (o, &r) in out.chunks_exact_mut(d).zip(rows) {
-        let xr = &x[r * d..(r + 1) * d];
-        let ss: f64 = xr.iter().map(|v| (*v as f64) * (*v as f64)).sum();
-        let inv = 1.0 / ((ss / d as f64) + eps).sqrt();
-        for ((o, v), g) in o.iter_mut().zip(xr).zip(w) {
-            *o = ((*v as f64) * inv) as f32 * g;
-        }
-    }
-    out
-}
-
-/// Rotate-half RoPE (HF layout) on `n` rows of `heads` heads, in place.
-fn rope(x: &mut [f32], heads: usize, hd: usize, cos: &[f32], sin: &[f32]) {
-    let half = hd / 2;
-    for (r, row) in x.chunks_exact_mut(heads * hd).enumerate() {
-        let (c, s) = (
-            &cos[r * half..(r + 1) * half],
-            &sin[r * half..(r + 1) * half],
-        );
-        for h in row.chunks_exact_mut(hd) {
-            let (a, b) = h.split_at_mut(half);
-            for i in 0..half {
-                let (x1, x2) = (a[i], b[i]);
-                a[i] = x1 * c[i] - x2 * s[i];
-                b[i] = x2 * c[i] + x1 * s[i];
-            }
-        }
-    }
-}
-
 impl Model {
     /// Run one forward pass. `cache` is read (its valid slots are keys) and written as
     /// `req.kv_write` says.
@@ -213,6 +191,8 @@ impl Model {
         self.forward_impl(req, cache, None, Some(layers))
     }
 
+    /// The pass: checks, embedding, the layers (resident or streamed, early exit between
+    /// them), then the head — or the residual stream when `stop` ends it after that many layers.
     fn forward_impl(
         &self,
         req: &ForwardRequest,
@@ -221,415 +201,66 @@ impl Model {
         stop: Option<usize>,
     ) -> Result<ForwardOutput, ModelError> {
         let c = &self.config;
-        let w = &self.weights;
-        let n = req.tokens.len();
-        if n == 0 || req.positions.len() != n {
-            return Err(ModelError::BadRequest(format!(
-                "{} tokens but {} positions",
-                n,
-                req.positions.len()
-            )));
-        }
-        if let Some(&p) = req.positions.iter().find(|&&p| p as usize >= c.max_ctx) {
-            return Err(ModelError::ContextOverflow {
-                pos: p,
-                ctx: c.max_ctx,
-            });
-        }
-        if let AttnMask::Explicit(m) = req.mask {
-            if m.len() != n * n {
-                return Err(ModelError::BadRequest(format!(
-                    "explicit mask has {} entries, need {}",
-                    m.len(),
-                    n * n
-                )));
-            }
-        }
-        if let AttnMask::Blockwise { block: 0 } = req.mask {
-            return Err(ModelError::BadRequest("block size 0".into()));
-        }
-        if cache.n_layers() != c.n_layers || cache.kv_dim() != c.kv_dim() {
-            return Err(ModelError::BadRequest(
-                "KV cache shape does not match the model".into(),
-            ));
-        }
-        let mut logit_rows: Vec<usize> = match req.logits {
-            LogitRows::None => vec![],
-            LogitRows::All => (0..n).collect(),
-            LogitRows::Last => vec![n - 1],
-            LogitRows::Rows(r) => {
-                if let Some(&bad) = r.iter().find(|&&r| r >= n) {
-                    return Err(ModelError::BadRequest(format!(
-                        "logit row {bad} outside the batch of {n}"
-                    )));
-                }
-                r.to_vec()
-            }
-        };
-
-        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(ModelError::BadToken {
-                id: t,
-                vocab: c.vocab,
-            });
-        }
-        // Where each row's K/V goes (validated before the cache is touched).
-        let old_len = cache.len();
-        let mut slots: Vec<Option<usize>> = match req.kv_write {
-            KvWrite::None => vec![None; n],
-            KvWrite::Append => (0..n).map(|i| Some(old_len + i)).collect(),
-            KvWrite::Slots(s) => {
-                if s.len() != n {
-                    return Err(ModelError::BadRequest(format!(
-                        "{} KV slots for {n} rows",
-                        s.len()
-                    )));
-                }
-                s.to_vec()
-            }
-        };
-        let written: Vec<usize> = slots.iter().flatten().copied().collect();
-        let new_len = cache.plan_write(&written)?;
-        let mut excluded = vec![false; old_len];
-        for &s in &written {
-            if s < old_len {
-                excluded[s] = true;
-            }
-        }
-        let cache_pos: Vec<u32> = cache.positions().to_vec();
-        cache.grow_to(new_len);
+        let checked = validate::validate(req, c, cache)?;
+        let kv = CacheRead::plan(cache, &checked.slots)?;
         Tracer::global().next_pass();
-        let (d, hd, nh, nkv) = (c.d_model, c.head_dim, c.n_heads, c.n_kv_heads);
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let mut all_rows: Vec<usize> = (0..n).collect();
-        // Early exit shrinks the batch: the live rows' original indices, positions and mask.
-        let mut n = n;
-        let mut alive: Vec<usize> = (0..n).collect();
-        let mut positions: Vec<u32> = req.positions.to_vec();
-        let mut emask: Option<Vec<bool>> = match req.mask {
-            AttnMask::Explicit(m) => Some(m.to_vec()),
-            _ => None,
-        };
-
-        let mut x = vec![0f32; n * d];
-        {
-            let _s = OpSpan::begin("embed", -1, &[n as u64, d as u64], w.embed.view().ty.name())
-                .cost(
-                    (n * w.embed.view().len / w.embed.vocab.max(1)) as u64,
-                    (n * d * 4) as u64,
-                    0,
-                );
-            for (row, &t) in x.chunks_exact_mut(d).zip(req.tokens) {
-                let r = w.vocab_map.as_ref().map_or(t, |m| m.row(t));
-                w.embed.lookup(r, row)?;
-            }
-        }
-        // RoPE tables for the batch positions (angles in f64).
-        let half = hd / 2;
-        let mut cos = vec![0f32; n * half];
-        let mut sin = vec![0f32; n * half];
-        for (r, &p) in positions.iter().enumerate() {
-            for i in 0..half {
-                let inv = c.rope_theta.powf(-2.0 * i as f64 / hd as f64);
-                let a = p as f64 * inv;
-                cos[r * half + i] = a.cos() as f32;
-                sin[r * half + i] = a.sin() as f32;
-            }
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        let group = nh / nkv;
-
+        let mut b = Batch::new(req, checked, c, &self.weights)?;
         // Streamed weights (memory budget): a prefetch thread builds the next streamed layer
         // while this one computes; resident layers are used in place.
         std::thread::scope(|scope| -> Result<ForwardOutput, ModelError> {
-            let rx = match stop {
+            let stream: Option<Stream> = match stop {
                 Some(_) => None,
                 None => self.store.as_ref().map(|st| (st, st.start(scope, c))),
             };
-            for (li, slot) in w.layers.iter().enumerate() {
+            for (li, slot) in self.weights.layers.iter().enumerate() {
                 if stop == Some(li) {
                     break;
                 }
                 let staged;
-                let layer: &Layer = match (slot, &rx) {
+                let layer: &Layer = match (slot, &stream) {
                     (Some(l), _) => l,
-                    (None, Some((st, rx))) => match st.next(rx)? {
-                        Unit::Layer(l) => {
-                            staged = l;
-                            &staged
-                        }
-                        Unit::HeadRows(..) => {
-                            return Err(ModelError::Other("weight stream out of order".into()))
-                        }
-                    },
+                    (None, Some((st, rx))) => {
+                        staged = match st.next(rx)? {
+                            Unit::Layer(l) => l,
+                            Unit::HeadRows(..) => {
+                                return Err(ModelError::Other("weight stream out of order".into()))
+                            }
+                        };
+                        &staged
+                    }
                     (None, None) => {
                         return Err(ModelError::Other(format!("layer {li} is not loaded")))
                     }
                 };
-                let l = li as i32;
-                let h = rmsnorm(&x, &layer.attn_norm, c.rms_eps, &all_rows, l);
-                let mut qkv = layer.qkv.forward(&h, n, l, "attn_qkv")?.into_iter();
-                let (mut q, mut k, mut v) = match (qkv.next(), qkv.next(), qkv.next()) {
-                    (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => {
-                        return Err(ModelError::Other(
-                            "q/k/v projection returned too few outputs".into(),
-                        ))
-                    }
-                };
-                for (t, b) in [
-                    (&mut q, &layer.bq),
-                    (&mut k, &layer.bk),
-                    (&mut v, &layer.bv),
-                ] {
-                    if let Some(b) = b {
-                        for row in t.chunks_exact_mut(b.len()) {
-                            row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                        }
-                    }
-                }
-                {
-                    let _s =
-                        OpSpan::begin("rope", l, &[n as u64, (nh + nkv) as u64, hd as u64], "F32")
-                            .cost(
-                                ((qd + kvd) * n * 4) as u64,
-                                ((qd + kvd) * n * 4) as u64,
-                                ((qd + kvd) * n * 3) as u64,
-                            );
-                    rope(&mut q, nh, hd, &cos, &sin);
-                    rope(&mut k, nkv, hd, &cos, &sin);
-                }
-                let ck = &cache.k(li)[..old_len * kvd];
-                let cv = &cache.v(li)[..old_len * kvd];
-                let mut attn = vec![0f32; n * qd];
-                {
-                    let visible_keys = old_len - excluded.iter().filter(|e| **e).count() + n;
-                    let _s = OpSpan::begin(
-                        "attention",
-                        l,
-                        &[n as u64, visible_keys as u64, nh as u64, hd as u64],
-                        "F32",
-                    )
-                    .cost(
-                        (2 * visible_keys * kvd * 4 + n * qd * 4) as u64,
-                        (n * qd * 4) as u64,
-                        (4 * n * visible_keys * qd) as u64,
-                    );
-                    let mask = match &emask {
-                        Some(m) => AttnMask::Explicit(m),
-                        None => req.mask,
-                    };
-                    let positions = &positions;
-                    let (q, k, v, excluded, cache_pos) = (&q, &k, &v, &excluded, &cache_pos);
-                    // Cache slots every row sees (no per-row position test needed): all but
-                    // the slots this pass rewrites, for masks that do not look at positions.
-                    let all_cache: Option<Vec<u32>> =
-                        matches!(mask, AttnMask::Bidirectional | AttnMask::Explicit(_)).then(
-                            || {
-                                (0..old_len as u32)
-                                    .filter(|&s| !excluded[s as usize])
-                                    .collect()
-                            },
-                        );
-                    let all_cache = &all_cache;
-                    // One task per (row, KV group): the group's query heads share every key/value
-                    // row they read (GQA), and the visible-key list is built once.
-                    attn.par_chunks_mut(group * hd)
-                        .enumerate()
-                        .for_each(|(idx, out)| {
-                            let (i, g) = (idx / nkv, idx % nkv);
-                            let pi = positions[i];
-                            let mut keys: Vec<u32> = match all_cache {
-                                Some(c) => {
-                                    let mut v = Vec::with_capacity(c.len() + n);
-                                    v.extend_from_slice(c);
-                                    v
-                                }
-                                None => (0..old_len)
-                                    .filter(|&s| !excluded[s] && mask.by_pos(pi, cache_pos[s]))
-                                    .map(|s| s as u32)
-                                    .collect(),
-                            };
-                            for j in 0..n {
-                                let vis = match mask {
-                                    AttnMask::Explicit(m) => m[i * n + j],
-                                    _ => mask.by_pos(pi, positions[j]),
-                                };
-                                if vis {
-                                    keys.push((old_len + j) as u32);
-                                }
-                            }
-                            let rows = KvRows {
-                                cache_k: ck,
-                                cache_v: cv,
-                                new_k: k,
-                                new_v: v,
-                                split: old_len as u32,
-                                stride: kvd,
-                                offset: g * hd,
-                            };
-                            let mut scores = vec![0f32; keys.len()];
-                            for (hh, out) in out.chunks_exact_mut(hd).enumerate() {
-                                let head = g * group + hh;
-                                let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
-                                attend_head(qv, &rows, &keys, scale, &mut scores, out);
-                            }
-                        });
-                }
-                // Deferred cache write for this layer (after every row has read the old cache).
-                for (i, s) in slots.iter().enumerate() {
-                    if let Some(s) = *s {
-                        cache.write(
-                            li,
-                            s,
-                            positions[i],
-                            &k[i * kvd..(i + 1) * kvd],
-                            &v[i * kvd..(i + 1) * kvd],
-                        );
-                    }
-                }
-                let mut aq = None;
-                let o = layer.wo.forward(&attn, &mut aq, n, l, "attn_output")?;
-                x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-
-                let h = rmsnorm(&x, &layer.ffn_norm, c.rms_eps, &all_rows, l);
-                let mut gu = layer.gate_up.forward(&h, n, l, "ffn_gate_up")?.into_iter();
-                let (mut g, u) = match (gu.next(), gu.next()) {
-                    (Some(g), Some(u)) => (g, u),
-                    _ => {
-                        return Err(ModelError::Other(
-                            "gate/up projection returned too few outputs".into(),
-                        ))
-                    }
-                };
-                {
-                    let _s = OpSpan::begin("silu_mul", l, &[n as u64, c.ffn as u64], "F32").cost(
-                        (2 * n * c.ffn * 4) as u64,
-                        (n * c.ffn * 4) as u64,
-                        (5 * n * c.ffn) as u64,
-                    );
-                    g.iter_mut()
-                        .zip(&u)
-                        .for_each(|(a, b)| *a = *a / (1.0 + (-*a).exp()) * b);
-                }
-                let mut gq = None;
-                let dn = layer.w_down.forward(&g, &mut gq, n, l, "ffn_down")?;
-                x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+                self.block(li, layer, &mut b, &kv, cache)?;
                 if let Some(e) = exit.filter(|e| e.layer == li) {
-                    let keep = (e.keep)(&x, &alive);
-                    if keep.len() != n || !keep.iter().any(|k| *k) {
-                        return Err(ModelError::BadRequest(format!(
-                            "early exit must keep at least one of {n} rows (got {} flags)",
-                            keep.len()
-                        )));
-                    }
-                    if keep.iter().any(|k| !k) {
-                        let idx: Vec<usize> = (0..n).filter(|&i| keep[i]).collect();
-                        let _s =
-                            OpSpan::begin("early_exit", l, &[n as u64, idx.len() as u64], "F32");
-                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
-                            idx.iter()
-                                .flat_map(|&i| v[i * w..(i + 1) * w].iter().copied())
-                                .collect()
-                        };
-                        x = pick(&x, d);
-                        cos = pick(&cos, half);
-                        sin = pick(&sin, half);
-                        positions = idx.iter().map(|&i| positions[i]).collect();
-                        slots = idx.iter().map(|&i| slots[i]).collect();
-                        if let Some(m) = &emask {
-                            emask = Some(
-                                idx.iter()
-                                    .flat_map(|&a| idx.iter().map(move |&b| m[a * n + b]))
-                                    .collect(),
-                            );
-                        }
-                        let mut local = vec![usize::MAX; n];
-                        for (new, &old) in idx.iter().enumerate() {
-                            local[old] = new;
-                        }
-                        logit_rows = logit_rows
-                            .iter()
-                            .map(|&r| local[r])
-                            .filter(|&r| r != usize::MAX)
-                            .collect();
-                        alive = idx.iter().map(|&i| alive[i]).collect();
-                        n = idx.len();
-                        all_rows = (0..n).collect();
-                    }
+                    b.early_exit(e, li, c)?;
                 }
             }
-
-            if stop.is_some() {
-                return Ok(ForwardOutput {
-                    logits: logit_rows
-                        .iter()
-                        .flat_map(|&r| x[r * d..(r + 1) * d].iter().copied())
-                        .collect(),
-                    rows: logit_rows.iter().map(|&r| alive[r]).collect(),
-                    vocab: d,
-                    features: vec![],
-                });
+            match stop {
+                Some(_) => Ok(b.hidden(c.d_model)),
+                None => self.head(&b, stream.as_ref()),
             }
-            let vocab = c.vocab;
-            let m = logit_rows.len();
-            let out_rows: Vec<usize> = logit_rows.iter().map(|&r| alive[r]).collect();
-            let h = if m == 0 {
-                vec![]
-            } else {
-                rmsnorm(&x, &w.final_norm, c.rms_eps, &logit_rows, -1)
-            };
-            let mut hq = None;
-            let mut logits = match (&w.lm_head, &rx) {
-                (Some(head), _) if m > 0 => head.forward(&h, &mut hq, m, -1, "lm_head")?,
-                (Some(_), _) => vec![],
-                // A streamed head arrives in row chunks, each multiplied as it lands (the read
-                // of chunk j + 1 overlaps it). Every chunk is received, even when no row needs
-                // logits: the prefetch thread must finish its pass.
-                (None, Some((st, rx))) => {
-                    let rows = c.embedding_rows();
-                    let mut out = vec![0f32; m * rows];
-                    let mut done = 0;
-                    while done < rows {
-                        match st.next(rx)? {
-                            Unit::HeadRows(r0, part) => {
-                                let n = part.rows();
-                                if m > 0 {
-                                    let y = part.forward(&h, &mut hq, m, -1, "lm_head")?;
-                                    for (o, yr) in out.chunks_exact_mut(rows).zip(y.chunks_exact(n))
-                                    {
-                                        o[r0..r0 + n].copy_from_slice(yr);
-                                    }
-                                }
-                                done += n;
-                            }
-                            Unit::Layer(_) => {
-                                return Err(ModelError::Other("weight stream out of order".into()))
-                            }
-                        }
-                    }
-                    out
-                }
-                (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
-            };
-            if m == 0 {
-                return Ok(ForwardOutput {
-                    logits: vec![],
-                    rows: vec![],
-                    vocab,
-                    features: vec![],
-                });
-            }
-            if let Some(map) = &w.vocab_map {
-                logits = map.scatter(&logits, vocab);
-            }
-            Ok(ForwardOutput {
-                logits,
-                rows: out_rows,
-                vocab,
-                features: h,
-            })
         })
+    }
+
+    /// One transformer layer on the live rows: `x += attention(norm(x))`, `x += mlp(norm(x))`.
+    fn block(
+        &self,
+        li: usize,
+        layer: &Layer,
+        b: &mut Batch,
+        kv: &CacheRead,
+        cache: &mut KvCache,
+    ) -> Result<(), ModelError> {
+        let (c, l) = (&self.config, li as i32);
+        let h = ops::rmsnorm(&b.x, &layer.attn_norm, c.rms_eps, &b.rows, l);
+        let o = attention::attention(layer, &h, li, b, kv, c, cache)?;
+        b.x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        let h = ops::rmsnorm(&b.x, &layer.ffn_norm, c.rms_eps, &b.rows, l);
+        let dn = mlp::mlp(layer, &h, b.n, l, c)?;
+        b.x.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
+        Ok(())
     }
 
     /// Logit-lens scores of `toks` from one residual-stream row `h` (any layer): the final
