@@ -76,10 +76,22 @@ pub fn plan(
     block: usize,
     multi: Option<&MultiBlock>,
 ) -> Option<Window> {
+    plan_by(states.len(), |i| states[i], |i| dirty[i], block, multi)
+}
+
+/// [`plan`] over `gen` positions whose state and dirtiness are read through `state` and
+/// `dirty` (a decoder that keeps them per position, not in two slices).
+pub fn plan_by(
+    gen: usize,
+    state: impl Fn(usize) -> TokenState,
+    dirty: impl Fn(usize) -> bool,
+    block: usize,
+    multi: Option<&MultiBlock>,
+) -> Option<Window> {
+    let masked_at = |i: usize| state(i) == TokenState::Invisible;
     // The current block: the first with a masked position (none left: nothing to plan).
-    let first_masked = states.iter().position(|s| *s == TokenState::Invisible)?;
+    let first_masked = (0..gen).find(|&i| masked_at(i))?;
     let cur = first_masked / block;
-    let gen = states.len();
     let (bs, be) = (cur * block, ((cur + 1) * block).min(gen));
     let Some(mb) = multi else {
         return Some(Window {
@@ -90,13 +102,8 @@ pub fn plan(
         });
     };
     // Continuous sliding: from the first position whose KV is not final yet.
-    let start = (0..gen)
-        .find(|&i| states[i] == TokenState::Invisible || dirty[i])
-        .unwrap_or(bs);
-    let masked = states[bs..be]
-        .iter()
-        .filter(|s| **s == TokenState::Invisible)
-        .count();
+    let start = (0..gen).find(|&i| masked_at(i) || dirty(i)).unwrap_or(bs);
+    let masked = (bs..be).filter(|&i| masked_at(i)).count();
     let mut end = be;
     if masked < mb.lookahead {
         // Adaptive lookahead: keep the dense lane at `window` tokens.
