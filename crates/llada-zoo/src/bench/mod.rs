@@ -1,0 +1,7 @@
+//! Benchmarks' measurements: left-to-right speed ([`ar`]), the diffusion strategies and the
+//! window sweep ([`diffusion`]), speculative decoding under weight budgets ([`spec`]). Each
+//! returns what it measured; reports, tables and plots are the front-end's.
+
+pub mod ar;
+pub mod diffusion;
+pub mod spec;
