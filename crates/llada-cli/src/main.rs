@@ -6,12 +6,9 @@
 //! floor), `synth`, `train`, `eval` and the drafts' trainers.
 
 mod bench;
-mod bench_diffusion;
 mod cmd;
-mod spec;
-mod synth;
+mod progress;
 mod util;
-mod zoo;
 
 pub(crate) use llada::models;
 pub(crate) use util::*;
@@ -75,21 +72,21 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B, LLaMA-3-8B) and random
     /// quantized weights, for speed and memory measurements without a download.
-    Synth(synth::SynthArgs),
+    Synth(cmd::synth::SynthArgs),
     /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
-    Train(zoo::TrainArgs),
+    Train(cmd::train::TrainArgs),
     /// Evaluate a model: exact match per task (diffusion task models), held-out NLL (prose
     /// models), or top-1 agreement and accepted length against a target (drafts, `--target`).
-    Eval(zoo::EvalArgs),
+    Eval(cmd::eval::EvalArgs),
     /// Calibrate a draft's early-exit verification probe against its target (writes
     /// probe.json next to the draft; used by `--early-exit` and `bench spec`).
-    TrainProbe(spec::TrainProbeArgs),
+    TrainProbe(cmd::train_probe::TrainProbeArgs),
     /// Fit the head of the early-exit self-drafter (`--draft self`): the target's first
     /// layers plus a ridge-regression adapter onto its final hidden state.
-    TrainSelfDraft(spec::TrainSelfDraftArgs),
+    TrainSelfDraft(cmd::train_self_draft::TrainSelfDraftArgs),
     /// Train the feature drafter (`--draft feature`): a small network that drafts from the
     /// target's own final features (no layer of the target, no KV cache; docs/speculative.md).
-    TrainFeatureDraft(spec::TrainFeatureDraftArgs),
+    TrainFeatureDraft(cmd::train_feature_draft::TrainFeatureDraftArgs),
 }
 
 /// candle's CPU matmul asks `candle_core::utils::get_num_threads()` for its thread count on
@@ -138,12 +135,12 @@ fn main() {
         Cmd::Fetch { name, list, force } => cmd::fetch::run(name, list, force),
         Cmd::Info { model, json } => cmd::info::run(&model, json),
         Cmd::Bench(a) => bench::run(a),
-        Cmd::Synth(a) => synth::run(a),
-        Cmd::Train(a) => zoo::train(a),
-        Cmd::Eval(a) => zoo::eval(a),
-        Cmd::TrainProbe(a) => spec::train_probe(a),
-        Cmd::TrainSelfDraft(a) => spec::train_self_draft(a),
-        Cmd::TrainFeatureDraft(a) => spec::train_feature_draft(a),
+        Cmd::Synth(a) => cmd::synth::run(a),
+        Cmd::Train(a) => cmd::train::run(a),
+        Cmd::Eval(a) => cmd::eval::run(a),
+        Cmd::TrainProbe(a) => cmd::train_probe::run(a),
+        Cmd::TrainSelfDraft(a) => cmd::train_self_draft::run(a),
+        Cmd::TrainFeatureDraft(a) => cmd::train_feature_draft::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -3,16 +3,11 @@
 
 use crate::cmd::generate::ModelArgs;
 use anyhow::{bail, Context, Result};
-use llada_model::{LoadOptions, Model};
+use llada_model::Model;
 use llada_runtime::Tracer;
 use std::io::Write;
 
 pub(crate) use llada::load::MI_OPTION_PURGE_DELAY;
-
-/// [`llada::load::load_model`]: a model loaded with the load's transients returned to the OS.
-pub(crate) fn load_model(path: &std::path::Path, opts: &LoadOptions) -> Result<Model> {
-    Ok(llada::load::load_model(path, opts)?)
-}
 
 /// Adds "loading PATH" to a model-loading error, unless its message already names the path
 /// (the format errors do: saying it twice read "loading /x: /x: …").
@@ -42,13 +37,7 @@ const MAX_THREADS: usize = 1024;
 /// `bench spec`, the train-* commands) refuse a diffusion model: `who` names it (its path, or
 /// the option and path), `hint` says what to run instead.
 pub(crate) fn left_to_right(model: &Model, who: &str, hint: &str) -> Result<()> {
-    if model.config.arch.is_diffusion() {
-        bail!(
-            "{who} is a diffusion model ({:?}): {hint}",
-            model.config.arch
-        );
-    }
-    Ok(())
+    Ok(llada_zoo::left_to_right(model, who, hint)?)
 }
 
 /// A plot's drawing area: an SVG rendered into a string ([`write_svg`]).

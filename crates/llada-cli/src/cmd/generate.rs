@@ -1,11 +1,11 @@
 //! `llada generate`: one prompt in any mode, through the library's session API; the text
 //! streams to stdout (or one JSON object with `--json`), timings and memory go to stderr.
 
+use crate::cmd::decoding::{DiffusionArgs, SpecArgs};
 use crate::util::{
     check_output_file, encode_prompt, memory_report, out_line, parse_quant, write_trace,
     write_trace_file, StdoutStream,
 };
-use crate::{spec, zoo};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use llada::{Engine, EngineOptions, Event, GenerateOptions, Generation, Mode, Prompt, Stats};
@@ -173,9 +173,9 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Ar)]
     mode: ModeArg,
     #[command(flatten)]
-    diffusion: zoo::DiffusionArgs,
+    diffusion: DiffusionArgs,
     #[command(flatten)]
-    spec: spec::SpecArgs,
+    spec: SpecArgs,
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     raw: bool,
@@ -316,7 +316,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let draft = match a.mode {
         ModeArg::Speculative => Some(engine.load_draft(
             a.spec.draft_name(),
-            spec::draft_quant(&a.spec.draft_quantize)?,
+            llada::draft::draft_quant(&a.spec.draft_quantize)?,
         )?),
         _ => None,
     };
