@@ -27,8 +27,6 @@ const PROBE_COST: llada_decode::speculative::tree::CostModel =
         token_s: 0.0025,
     };
 
-/// Speculative decoding, its drafts and probes serve a left-to-right target: a diffusion model
-
 /// What to calibrate: the probe of `draft` (a draft model or a feature head) at the target's
 /// layer `layer` (`None`: the middle), on `prompts` training windows of 32 tokens with `tokens`
 /// generated each, keeping `recall` of the accepted nodes.

@@ -124,7 +124,7 @@ fn modes_are_checked_against_the_model() {
         Stats::Diffusion(d) => assert_eq!(d.tokens.len(), 8),
         _ => panic!("not a diffusion run"),
     }
-    let err = |r: llada::Result<llada::Generation>| r.err().expect("an error").to_string();
+    let err = |r: llada::Result<llada::Generation>| r.expect_err("an error").to_string();
     assert!(err(dllm.session().generate(&p, &Mode::Ar, &greedy(4))).contains("diffusion model"));
     assert!(
         err(ar_model.session().generate(&p, &diffusion, &greedy(4))).contains("not a diffusion")

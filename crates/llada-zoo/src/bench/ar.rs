@@ -126,9 +126,6 @@ pub fn bench_matmul(
     Ok(rows)
 }
 
-/// Largest matmul rows and size `llada bench` measures (a 16384² f32 weight is 1 GB, built
-/// once per quantized type).
-
 /// The quantized types of `model`'s matrices that [`bench_matmul`] can measure, in the order
 /// met.
 pub fn matmul_types(model: &Model) -> Vec<GgmlType> {

@@ -58,7 +58,6 @@ pub struct SpecRun {
 }
 
 /// How a bench cell decodes: a tree shape verified in lock-step (optionally with early exit),
-
 /// or the AHASD pipeline.
 enum CellMode {
     Tree {
@@ -366,14 +365,14 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
         let rss_before = llada_model::store::rss_bytes();
         reset_peak_rss();
         let target = llada::load::load_model(
-            &path,
+            path,
             &LoadOptions {
                 mem_budget,
                 storage_bw: a.storage_bw.map(|g| g * 1e9),
                 ..Default::default()
             },
         )?;
-        left_to_right(&target, &path)?;
+        left_to_right(&target, path)?;
         let load_weights_peak = llada_kernels::weight_memory::peak();
         let (resident_w, staging_w, budget_b) =
             target.store.as_ref().map_or((None, None, None), |st| {
