@@ -132,7 +132,7 @@ pub fn generate_in(
             ctx,
         });
     }
-    cfg.sampling.validate().map_err(ModelError::BadRequest)?;
+    cfg.sampling.validate()?;
     let tok = model.tokenizer.as_ref();
     let stop_ids: Vec<u32> = if cfg.stop_at_eos {
         tok.map(|t| t.stop_ids.clone())

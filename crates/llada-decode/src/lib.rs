@@ -9,6 +9,7 @@
 //! * [`speculative`]: draft trees verified in one target pass, lossless acceptance.
 pub mod ar;
 pub mod diffusion;
+pub mod error;
 pub mod revision;
 pub mod sampling;
 pub mod speculative;
@@ -16,4 +17,5 @@ pub mod strategy;
 pub mod window;
 
 pub use ar::{generate, generate_in, GenerateConfig, GenerateOutput, StopReason};
+pub use error::DecodeError;
 pub use sampling::{Sampler, SamplingParams};

@@ -12,6 +12,7 @@
 //! the AHASD verifier) goes through [`SamplingParams::penalized`] with the history that
 //! precedes the position, so speculative decoding stays lossless under penalties.
 
+use crate::error::DecodeError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -51,7 +52,11 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// Check ranges; the message is meant for the user.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        self.check().map_err(DecodeError::Invalid)
+    }
+
+    fn check(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(format!("temperature must be ≥ 0, got {}", self.temperature));
         }

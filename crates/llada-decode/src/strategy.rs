@@ -16,6 +16,7 @@ use crate::diffusion::{
     generate_with, CacheMode, Confidence, DiffusionConfig, DiffusionOutput, MultiBlock, Revision,
     Schedule, StepView,
 };
+use crate::error::DecodeError;
 use llada_model::{Model, ModelError};
 use llada_runtime::Lane;
 use serde::Serialize;
@@ -145,7 +146,7 @@ impl StrategyOptions {
     }
 
     /// The decoder configuration, checked ([`DiffusionConfig::validate`]).
-    pub fn config(&self) -> Result<DiffusionConfig, String> {
+    pub fn config(&self) -> Result<DiffusionConfig, DecodeError> {
         let s = self.strategy;
         let cfg = DiffusionConfig {
             gen_length: self.gen_length,

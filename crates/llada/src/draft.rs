@@ -165,7 +165,7 @@ impl DraftSource {
         if !p.exists() {
             return Ok(None);
         }
-        Ok(Some(ExitProbe::load(&p).map_err(Error::Invalid)?))
+        Ok(Some(ExitProbe::load(&p)?))
     }
 
     /// The drafter proposing for `target`, running on `lane` (drafts sampled at `temperature`

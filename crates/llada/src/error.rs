@@ -9,6 +9,9 @@ pub enum Error {
     /// Loading or running the model (corrupt files, bad requests, context overflow, …).
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Invalid decoding options, or an unusable draft head or probe file.
+    #[error(transparent)]
+    Decode(#[from] llada_decode::DecodeError),
     /// A model name that resolves to nothing (the message says where it looked).
     #[error("{0}")]
     NotFound(String),

@@ -374,7 +374,7 @@ impl<'e> Session<'e> {
                 e.path().display()
             );
         }
-        let cfg = d.options.config().map_err(crate::Error::Invalid)?;
+        let cfg = d.options.config()?;
         let lanes = DiffusionLanes::new(e.threads(), &cfg, d.sparse_pool)?;
         let mut observe = |v: &StepView| {
             on_event(Event::Step(v));

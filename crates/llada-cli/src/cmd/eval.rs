@@ -87,6 +87,8 @@ pub fn run(mut a: EvalArgs) -> Result<()> {
     }
     let threads = crate::threads(a.threads)?;
     llada_zoo::corpora::check_max_scale(a.max_scale)?;
+    // A line at once, whatever stderr is (the bars draw only on a terminal).
+    eprintln!("evaluating {}", a.model.display());
     if let (Some(t), Some("safetensors")) =
         (&a.target, a.model.extension().and_then(|e| e.to_str()))
     {

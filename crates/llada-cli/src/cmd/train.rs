@@ -297,6 +297,13 @@ fn keep_freed_pages() {
 
 pub fn run(a: TrainArgs) -> Result<()> {
     keep_freed_pages();
+    // A line at once (data preparation can take minutes before the first step is reported).
+    eprintln!(
+        "training preset {}{}: preparing data",
+        a.preset,
+        a.minutes
+            .map_or(String::new(), |m| format!(" for at most {m} minutes"))
+    );
     let st = llada_zoo::train::train(&a.request(), &Bar::lines())?;
     eprintln!(
         "done: step {} train loss {:.4} held-out loss {:.4} in {:.0}s",

@@ -2,6 +2,7 @@
 //! ([`Schedule`]), what is cached between steps ([`CacheMode`]), and the rest of
 //! [`DiffusionConfig`] with its validation.
 
+use crate::error::DecodeError;
 use crate::revision::Revision;
 use crate::window::{MultiBlock, WINDOW_SHAPES};
 use serde::Serialize;
@@ -128,7 +129,12 @@ impl DiffusionConfig {
             alg_temp: 0.0,
         }
     }
-    pub fn validate(&self) -> Result<(), String> {
+    /// Check the options against each other; the message is meant for the user.
+    pub fn validate(&self) -> Result<(), DecodeError> {
+        self.check().map_err(DecodeError::Invalid)
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.gen_length == 0
             || self.block_length == 0
             || !self.gen_length.is_multiple_of(self.block_length)

@@ -118,7 +118,7 @@ pub fn generate_with(
 
 /// The request's checks; returns the model's mask token.
 fn check_request(model: &Model, prompt: &[u32], cfg: &DiffusionConfig) -> Result<u32, ModelError> {
-    cfg.validate().map_err(ModelError::BadRequest)?;
+    cfg.validate()?;
     let mask = model.config.mask_id.ok_or_else(|| {
         ModelError::BadRequest("this model has no mask token: not a diffusion LM".into())
     })?;

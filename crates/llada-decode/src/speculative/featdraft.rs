@@ -22,6 +22,7 @@
 //! The engine hands the drafter `f` through [`Drafter::observe_feature`] after the prefill and
 //! after every verification (the feature of the row whose logits chose the pending root).
 
+use crate::error::DecodeError;
 use super::drafter::{proposal, Drafter, Proposal};
 use super::tree::DraftTree;
 use llada_kernels::GgmlType;
@@ -50,7 +51,11 @@ impl FeatureHead {
     /// Save as safetensors, the matrices and biases in f16 (`w1` `[H, 2d]`, `b1` `[H]`, `w2`
     /// `[H, d]`, `b2` `[d]`; the drafter computes in Q8_0 by default, below f16's precision)
     /// and `ids` U32 `[K]`.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), DecodeError> {
+        self.write(path).map_err(DecodeError::File)
+    }
+
+    fn write(&self, path: &Path) -> Result<(), String> {
         use safetensors::tensor::{Dtype, TensorView};
         let f = |v: &[f32]| -> Vec<u8> {
             v.iter()
@@ -81,7 +86,11 @@ impl FeatureHead {
     }
 
     /// Load and check against `target` (width, vocabulary, shapes).
-    pub fn load(path: &Path, target: &Model) -> Result<Self, String> {
+    pub fn load(path: &Path, target: &Model) -> Result<Self, DecodeError> {
+        Self::read(path, target).map_err(DecodeError::File)
+    }
+
+    fn read(path: &Path, target: &Model) -> Result<Self, String> {
         use safetensors::tensor::Dtype;
         let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)

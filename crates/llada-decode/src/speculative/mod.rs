@@ -93,7 +93,7 @@ pub fn generate(
     prompt: &[u32],
     cfg: &SpecConfig,
 ) -> Result<SpecOutput, ModelError> {
-    cfg.sampling.validate().map_err(ModelError::BadRequest)?;
+    cfg.sampling.validate()?;
     if prompt.is_empty() {
         return Err(ModelError::BadRequest("the prompt is empty".into()));
     }

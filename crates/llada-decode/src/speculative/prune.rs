@@ -15,6 +15,7 @@
 //! never drafted, so the target's own token at its parent is emitted instead (greedy, tree
 //! sampling and chain rejection all stay exact); pruning can only shorten the accepted path.
 
+use crate::error::DecodeError;
 use super::tree::DraftTree;
 use llada_model::{Model, ModelError};
 use serde::{Deserialize, Serialize};
@@ -63,7 +64,12 @@ impl ExitProbe {
         keep
     }
 
-    pub fn load(path: &Path) -> Result<Self, String> {
+    /// Load a probe written by [`Self::save`], checked.
+    pub fn load(path: &Path) -> Result<Self, DecodeError> {
+        Self::read(path).map_err(DecodeError::File)
+    }
+
+    fn read(path: &Path) -> Result<Self, String> {
         let s = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
         let p: Self =

@@ -12,6 +12,7 @@
 //! unused); those layers must be resident (a memory budget that streams them makes
 //! [`Model::forward_hidden`] refuse).
 
+use crate::error::DecodeError;
 use super::drafter::{proposal, step_rows, ContextCache, Drafter, Proposal};
 use super::tree::DraftTree;
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
@@ -31,7 +32,11 @@ pub struct SelfHead {
 
 impl SelfHead {
     /// Save as safetensors (`adapter` F32 `[d, d]`, `ids` U32 `[K]`, `layers` U32 `[1]`).
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), DecodeError> {
+        self.write(path).map_err(DecodeError::File)
+    }
+
+    fn write(&self, path: &Path) -> Result<(), String> {
         use safetensors::tensor::{Dtype, TensorView};
         let d = (self.adapter.len() as f64).sqrt() as usize;
         let a: Vec<u8> = self.adapter.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -56,7 +61,11 @@ impl SelfHead {
     }
 
     /// Load and check against `target` (width, layer count, vocabulary).
-    pub fn load(path: &Path, target: &Model) -> Result<Self, String> {
+    pub fn load(path: &Path, target: &Model) -> Result<Self, DecodeError> {
+        Self::read(path, target).map_err(DecodeError::File)
+    }
+
+    fn read(path: &Path, target: &Model) -> Result<Self, String> {
         use safetensors::tensor::Dtype;
         let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)

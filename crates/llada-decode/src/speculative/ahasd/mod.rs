@@ -139,7 +139,7 @@ fn check_request(
     prompt: &[u32],
     cfg: &AsyncConfig,
 ) -> Result<(), ModelError> {
-    cfg.sampling.validate().map_err(ModelError::BadRequest)?;
+    cfg.sampling.validate()?;
     if !cfg.sampling.is_greedy() {
         return Err(ModelError::BadRequest(
             "the AHASD pipeline verifies greedily: use temperature 0".into(),
