@@ -104,7 +104,8 @@ pub fn run(a: TrainFeatureDraftArgs) -> Result<()> {
         if let Some(dir) = a.out.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        head.save(&a.out).map_err(|e| llada_zoo::Error::Invalid(e.to_string()))?;
+        head.save(&a.out)
+            .map_err(|e| llada_zoo::Error::Invalid(e.to_string()))?;
         train_s = t0.elapsed().as_secs_f64();
         Ok(())
     };

@@ -73,7 +73,8 @@ pub fn run(a: TrainSelfDraftArgs) -> Result<()> {
         if let Some(dir) = a.out.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        head.save(&a.out).map_err(|e| llada_zoo::Error::Invalid(e.to_string()))
+        head.save(&a.out)
+            .map_err(|e| llada_zoo::Error::Invalid(e.to_string()))
     };
     let r = llada_zoo::selfdraft::fit(&target, &lane, &req, save, &pb)?;
     println!(

@@ -22,9 +22,9 @@
 //! The engine hands the drafter `f` through [`Drafter::observe_feature`] after the prefill and
 //! after every verification (the feature of the row whose logits chose the pending root).
 
-use crate::error::DecodeError;
 use super::drafter::{proposal, Drafter, Proposal};
 use super::tree::DraftTree;
+use crate::error::DecodeError;
 use llada_kernels::GgmlType;
 use llada_model::weights::Linear;
 use llada_model::{Model, ModelError};

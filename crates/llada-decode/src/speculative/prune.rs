@@ -15,8 +15,8 @@
 //! never drafted, so the target's own token at its parent is emitted instead (greedy, tree
 //! sampling and chain rejection all stay exact); pruning can only shorten the accepted path.
 
-use crate::error::DecodeError;
 use super::tree::DraftTree;
+use crate::error::DecodeError;
 use llada_model::{Model, ModelError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;

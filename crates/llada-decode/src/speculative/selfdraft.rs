@@ -12,9 +12,9 @@
 //! unused); those layers must be resident (a memory budget that streams them makes
 //! [`Model::forward_hidden`] refuse).
 
-use crate::error::DecodeError;
 use super::drafter::{proposal, step_rows, ContextCache, Drafter, Proposal};
 use super::tree::DraftTree;
+use crate::error::DecodeError;
 use llada_model::{AttnMask, ForwardRequest, KvWrite, LogitRows, Model, ModelError};
 use llada_runtime::{KvCache, Lane};
 use std::path::Path;
