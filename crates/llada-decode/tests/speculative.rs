@@ -264,29 +264,7 @@ fn sampling_follows_the_target_distribution() {
             .unwrap();
             counts[o.tokens[0] as usize] += 1;
         }
-        // Chi-square over tokens with expected count ≥ 5, the rest pooled.
-        let (mut chi, mut df, mut rest_c, mut rest_e) = (0.0, 0usize, 0.0, 0.0);
-        for (c, pi) in counts.iter().zip(&p) {
-            let e = n as f64 * *pi as f64;
-            if e >= 5.0 {
-                chi += (*c as f64 - e).powi(2) / e;
-                df += 1;
-            } else {
-                rest_c += *c as f64;
-                rest_e += e;
-            }
-        }
-        if rest_e > 0.0 {
-            chi += (rest_c - rest_e).powi(2) / rest_e.max(1e-9);
-            df += 1;
-        }
-        let df = df.saturating_sub(1).max(1) as f64;
-        // 99.9% quantile of chi-square ≈ df + 3.09·sqrt(2·df) + 3 (Wilson–Hilferty, generous).
-        let limit = df + 3.09 * (2.0 * df).sqrt() + 3.0;
-        assert!(
-            chi < limit,
-            "{shape:?}: chi2 {chi:.1} with {df} dof (limit {limit:.1})"
-        );
+        check_chi_square(&counts, &p, n as usize, &format!("{shape:?}"));
     }
 }
 
@@ -1114,26 +1092,33 @@ fn sampling_with_penalties_follows_the_target_distribution() {
                 "{shape:?}: drew {t}, which min-p drops"
             );
         }
-        let (mut chi, mut df, mut rest_c, mut rest_e) = (0.0, 0usize, 0.0, 0.0);
-        for (c, pi) in counts.iter().zip(&p) {
-            let e = m as f64 * *pi as f64;
-            if e >= 5.0 {
-                chi += (*c as f64 - e).powi(2) / e;
-                df += 1;
-            } else {
-                rest_c += *c as f64;
-                rest_e += e;
-            }
-        }
-        if rest_e > 0.0 {
-            chi += (rest_c - rest_e).powi(2) / rest_e.max(1e-9);
-            df += 1;
-        }
-        let df = df.saturating_sub(1).max(1) as f64;
-        let limit = df + 3.09 * (2.0 * df).sqrt() + 3.0;
-        assert!(
-            chi < limit,
-            "{shape:?}: chi2 {chi:.1} with {df} dof (limit {limit:.1})"
-        );
+        check_chi_square(&counts, &p, m, &format!("{shape:?}"));
     }
+}
+
+/// Chi-square of `counts` (of `n` draws) against `p`, over tokens with expected count ≥ 5 and
+/// the rest pooled, below the 99.9 % quantile (≈ df + 3.09·sqrt(2·df) + 3, Wilson–Hilferty,
+/// generous).
+fn check_chi_square(counts: &[usize], p: &[f32], n: usize, what: &str) {
+    let (mut chi, mut df, mut rest_c, mut rest_e) = (0.0, 0usize, 0.0, 0.0);
+    for (c, pi) in counts.iter().zip(p) {
+        let e = n as f64 * *pi as f64;
+        if e >= 5.0 {
+            chi += (*c as f64 - e).powi(2) / e;
+            df += 1;
+        } else {
+            rest_c += *c as f64;
+            rest_e += e;
+        }
+    }
+    if rest_e > 0.0 {
+        chi += (rest_c - rest_e).powi(2) / rest_e.max(1e-9);
+        df += 1;
+    }
+    let df = df.saturating_sub(1).max(1) as f64;
+    let limit = df + 3.09 * (2.0 * df).sqrt() + 3.0;
+    assert!(
+        chi < limit,
+        "{what}: chi2 {chi:.1} with {df} dof (limit {limit:.1})"
+    );
 }

@@ -345,19 +345,32 @@ impl<'e> Session<'e> {
             )?,
         };
         // Stop ids are emitted by the decoders and end the run: keep them out of the text.
-        let end = out
-            .tokens
+        let tokens = out.tokens.clone();
+        self.whole(ids, &tokens, &stop_ids, Stats::Speculative(out), on_event)
+    }
+
+    /// A generation whose answer came whole (speculative, diffusion): `tokens` up to the first
+    /// of `stop`, decoded and shown to `on_event` as one piece of text.
+    fn whole(
+        &self,
+        prompt_ids: Vec<u32>,
+        tokens: &[u32],
+        stop: &[u32],
+        stats: Stats,
+        on_event: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<Generation> {
+        let end = tokens
             .iter()
-            .position(|t| stop_ids.contains(t))
-            .unwrap_or(out.tokens.len());
-        let text = e.tokenizer()?.decode(&out.tokens[..end]);
+            .position(|t| stop.contains(t))
+            .unwrap_or(tokens.len());
+        let text = self.engine.tokenizer()?.decode(&tokens[..end]);
         on_event(Event::Text(&text));
         Ok(Generation {
             text,
-            tokens: out.tokens[..end].to_vec(),
-            prompt_ids: ids,
+            tokens: tokens[..end].to_vec(),
+            prompt_ids,
             cached_prompt_tokens: 0,
-            stats: Stats::Speculative(out),
+            stats,
         })
     }
 
@@ -380,20 +393,7 @@ impl<'e> Session<'e> {
             on_event(Event::Step(v));
         };
         let out = lanes.generate(e.model(), &ids, &cfg, Some(&mut observe))?;
-        let stop = e.stop_ids();
-        let end = out
-            .tokens
-            .iter()
-            .position(|t| stop.contains(t))
-            .unwrap_or(out.tokens.len());
-        let text = e.tokenizer()?.decode(&out.tokens[..end]);
-        on_event(Event::Text(&text));
-        Ok(Generation {
-            text,
-            tokens: out.tokens[..end].to_vec(),
-            prompt_ids: ids,
-            cached_prompt_tokens: 0,
-            stats: Stats::Diffusion(out),
-        })
+        let tokens = out.tokens.clone();
+        self.whole(ids, &tokens, &e.stop_ids(), Stats::Diffusion(out), on_event)
     }
 }
