@@ -9,29 +9,16 @@ use std::io::Write;
 
 pub(crate) use llada::load::MI_OPTION_PURGE_DELAY;
 
-/// Adds "loading PATH" to a model-loading error, unless its message already names the path
-/// (the format errors do: saying it twice read "loading /x: /x: …").
+/// A model-loading error that names the path once ([`llada::load::with_path`]).
 pub(crate) trait LoadContext<T> {
     fn load_context(self, path: &std::path::Path) -> Result<T>;
 }
 
 impl<T> LoadContext<T> for std::result::Result<T, llada_model::ModelError> {
     fn load_context(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|e| {
-            let p = path.display().to_string();
-            let m = e.to_string();
-            if m.starts_with(&format!("{p}:")) || m.starts_with(&format!("{p}/")) {
-                anyhow::Error::new(e)
-            } else {
-                anyhow::Error::new(e).context(format!("loading {p}"))
-            }
-        })
+        self.map_err(|e| anyhow::Error::new(llada::load::with_path(e, path)))
     }
 }
-
-/// Most worker threads a lane may have: far above any core count this runs on, far below a
-/// count whose thread creation alone stalls the process (`--threads 100000` did).
-const MAX_THREADS: usize = 1024;
 
 /// Commands that decode left to right (generate in AR or speculative mode, chat, `bench`,
 /// `bench spec`, the train-* commands) refuse a diffusion model: `who` names it (its path, or
@@ -62,22 +49,14 @@ pub(crate) fn write_svg(
     Ok(())
 }
 
-/// The thread count `--threads` asks for ([`threads_or_all`]), checked: 1 ..= [`MAX_THREADS`].
-/// Without `--threads`, the default (every core, or `RAYON_NUM_THREADS`) is capped instead.
+/// The thread count `--threads` asks for, checked as the library checks it
+/// ([`llada::EngineOptions::threads`]).
 pub(crate) fn threads(opt: Option<usize>) -> Result<usize> {
-    let Some(n) = opt else {
-        return Ok(threads_or_all(None).clamp(1, MAX_THREADS));
-    };
-    if n == 0 {
-        bail!("--threads must be at least 1");
+    Ok(llada::EngineOptions {
+        threads: opt,
+        ..Default::default()
     }
-    if n > MAX_THREADS {
-        bail!(
-            "--threads {n}: at most {MAX_THREADS} (this machine reports {} cores)",
-            threads_or_all(None)
-        );
-    }
-    Ok(n)
+    .threads()?)
 }
 
 /// `--storage-bw` (GB/s), checked: a finite rate of at least 1 MB/s (slower flash than any
@@ -164,21 +143,10 @@ impl StdoutStream {
     }
 }
 
-/// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1.
+/// `threads`, or (when not given) `RAYON_NUM_THREADS`, or every core the OS reports; at least 1
+/// ([`llada::engine::default_threads`]).
 pub(crate) fn threads_or_all(threads: Option<usize>) -> usize {
-    threads.unwrap_or_else(|| {
-        // RAYON_NUM_THREADS, as for the global pool (e.g. two jobs sharing the cores).
-        if let Some(n) = std::env::var("RAYON_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-        {
-            return n;
-        }
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    })
+    threads.unwrap_or_else(llada::engine::default_threads)
 }
 
 /// A progress bar of `len` steps on stderr. It is drawn with `--json` too (stdout carries the
@@ -187,21 +155,14 @@ pub(crate) fn progress_bar(len: u64) -> indicatif::ProgressBar {
     indicatif::ProgressBar::new(len)
 }
 
-/// A user's prompt as ids: characters the vocabulary cannot represent are refused (the error
-/// names them); those its unknown token stands for are named in a warning on stderr.
-pub(crate) fn encode_prompt(
-    tok: &llada_formats::tokenizer::Tokenizer,
-    text: &str,
-) -> Result<Vec<u32>> {
-    let (ids, unknown) = tok.encode_prompt(text).map_err(anyhow::Error::msg)?;
-    if !unknown.is_empty() {
-        let list: Vec<String> = unknown.iter().map(|c| format!("{c:?}")).collect();
-        eprintln!(
-            "warning: the model reads {} as its unknown token",
-            list.join(" ")
-        );
-    }
-    Ok(ids)
+/// The warning for prompt characters the model reads as its unknown token
+/// ([`llada::Event::Unknown`]), on stderr.
+pub(crate) fn warn_unknown(chars: &[char]) {
+    let list: Vec<String> = chars.iter().map(|c| format!("{c:?}")).collect();
+    eprintln!(
+        "warning: the model reads {} as its unknown token",
+        list.join(" ")
+    );
 }
 
 /// Write the operator records collected so far to `path` (JSONL after `header`).

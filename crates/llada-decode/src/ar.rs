@@ -135,11 +135,7 @@ pub fn generate_in(
     cfg.sampling.validate()?;
     let tok = model.tokenizer.as_ref();
     let stop_ids: Vec<u32> = if cfg.stop_at_eos {
-        tok.map(|t| t.stop_ids.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .chain(model.config.eos_id)
-            .collect()
+        model.stop_ids()
     } else {
         vec![]
     };

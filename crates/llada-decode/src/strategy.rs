@@ -228,18 +228,23 @@ impl DiffusionLanes {
         cfg: &DiffusionConfig,
         sparse_pool: bool,
     ) -> Result<Self, ModelError> {
-        let concurrent = cfg.revision.is_some_and(|r| r.concurrent);
         let lane = |name: &str, n: usize| {
             Lane::new(name, n).map_err(|e| ModelError::Other(format!("starting lane {name}: {e}")))
         };
         Ok(Self {
             dense: lane("dense", threads)?,
-            sparse: if concurrent && sparse_pool {
+            sparse: if Self::wants_sparse_pool(cfg, sparse_pool) {
                 Some(lane("sparse", 1)?)
             } else {
                 None
             },
         })
+    }
+
+    /// Whether `cfg` runs its sparse pass on a pool of its own: concurrent revision with
+    /// `sparse_pool` asked for.
+    pub fn wants_sparse_pool(cfg: &DiffusionConfig, sparse_pool: bool) -> bool {
+        sparse_pool && cfg.revision.is_some_and(|r| r.concurrent)
     }
 
     /// Decode after `prompt` with `cfg` ([`generate_with`]); `observe` sees every step.

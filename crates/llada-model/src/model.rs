@@ -54,6 +54,17 @@ impl Model {
         }
     }
 
+    /// The ids that end generation: the tokenizer's EOS / end-of-turn and the config's EOS.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        self.tokenizer
+            .as_ref()
+            .map(|t| t.stop_ids.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(self.config.eos_id)
+            .collect()
+    }
+
     /// A KV cache sized for this model's context.
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(

@@ -8,9 +8,10 @@ use llada_kernels::GgmlType;
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Most worker threads a lane may have: far above any core count this runs on, far below a
-/// count whose thread creation alone stalls the process.
+/// count whose thread creation alone stalls the process (`--threads 100000` did).
 pub const MAX_THREADS: usize = 1024;
 
 /// How to load a model.
@@ -78,7 +79,8 @@ impl EngineOptions {
     }
 }
 
-/// `RAYON_NUM_THREADS`, else every core the OS reports; at least 1.
+/// `RAYON_NUM_THREADS` (as for the global pool, e.g. two jobs sharing the cores), else every
+/// core the OS reports; at least 1.
 pub fn default_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")
         .ok()
@@ -98,12 +100,26 @@ pub enum Prompt<'a> {
     Chat(&'a [Message]),
 }
 
-/// A loaded model and the lane its passes run on.
+/// A loaded model and the lanes its passes run on.
 pub struct Engine {
     model: Model,
     path: PathBuf,
     lane: Lane,
     threads: usize,
+    /// One-thread lanes started on first use and kept: a draft model's passes, and the
+    /// vocabulary-wide selection of speculative verification (or diffusion's own sparse pool).
+    draft_lane: OnceLock<Lane>,
+    sparse_lane: OnceLock<Lane>,
+}
+
+/// The lane in `cell`, started (one thread, named `name`) on first use.
+fn one_thread_lane<'a>(cell: &'a OnceLock<Lane>, name: &str) -> Result<&'a Lane> {
+    if cell.get().is_none() {
+        // A lane another thread set meanwhile wins; this one is dropped.
+        let _ = cell.set(Lane::new(name, 1)?);
+    }
+    cell.get()
+        .ok_or_else(|| Error::Invalid(format!("the {name} lane could not be started")))
 }
 
 impl Engine {
@@ -125,6 +141,8 @@ impl Engine {
             path,
             lane,
             threads: threads.max(1),
+            draft_lane: OnceLock::new(),
+            sparse_lane: OnceLock::new(),
         })
     }
 
@@ -141,6 +159,14 @@ impl Engine {
     }
     pub fn threads(&self) -> usize {
         self.threads
+    }
+    /// The one-thread lane a draft model runs on (started on first use, then kept).
+    pub fn draft_lane(&self) -> Result<&Lane> {
+        one_thread_lane(&self.draft_lane, "draft")
+    }
+    /// The one-thread sparse lane (speculative selection, diffusion's own sparse pool).
+    pub fn sparse_lane(&self) -> Result<&Lane> {
+        one_thread_lane(&self.sparse_lane, "sparse")
     }
     /// Whether it is a diffusion model (LLaDA, Dream): it decodes with `Mode::Diffusion` only.
     pub fn is_diffusion(&self) -> bool {
@@ -195,17 +221,5 @@ impl Engine {
             invalid!("the prompt is empty");
         }
         Ok((ids, unknown))
-    }
-
-    /// The ids that end generation: the tokenizer's EOS / end-of-turn and the config's EOS.
-    pub fn stop_ids(&self) -> Vec<u32> {
-        self.model
-            .tokenizer
-            .as_ref()
-            .map(|t| t.stop_ids.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .chain(self.model.config.eos_id)
-            .collect()
     }
 }

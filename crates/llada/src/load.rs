@@ -30,8 +30,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<Model> {
 }
 
 /// A model-loading error that names `path` once: format errors already start with it; others
-/// get "loading PATH: " in front.
-fn with_path(e: llada_model::ModelError, path: &Path) -> llada_model::ModelError {
+/// get "loading PATH: " in front (saying it twice read "loading /x: /x: …").
+pub fn with_path(e: llada_model::ModelError, path: &Path) -> llada_model::ModelError {
     let p = path.display().to_string();
     let m = e.to_string();
     if m.starts_with(&format!("{p}:")) || m.starts_with(&format!("{p}/")) {

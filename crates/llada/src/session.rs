@@ -10,7 +10,7 @@
 use crate::draft::DraftSource;
 use crate::engine::{Engine, Prompt};
 use crate::error::{invalid, Result};
-use llada_decode::diffusion::{DiffusionOutput, StepView};
+use llada_decode::diffusion::{generate_with, DiffusionOutput, StepView};
 use llada_decode::speculative::ahasd::{self, AsyncConfig};
 use llada_decode::speculative::drafter::TreeShape;
 use llada_decode::speculative::prune::ExitProbe;
@@ -18,7 +18,7 @@ use llada_decode::speculative::{SpecConfig, SpecOutput};
 use llada_decode::strategy::{DiffusionLanes, StrategyOptions};
 use llada_decode::{GenerateConfig, GenerateOutput, SamplingParams};
 use llada_formats::tokenizer::Message;
-use llada_runtime::{KvCache, Lane};
+use llada_runtime::KvCache;
 
 /// How to decode.
 pub enum Mode<'a> {
@@ -112,6 +112,9 @@ pub enum Event<'a> {
     Text(&'a str),
     /// A diffusion step's canvas.
     Step(&'a StepView<'a>),
+    /// Before anything else: characters of the prompt the model reads as its unknown token
+    /// (characters it cannot represent at all are an error instead).
+    Unknown(&'a [char]),
 }
 
 /// A conversation with an [`Engine`]: its history and its KV cache.
@@ -172,7 +175,10 @@ impl<'e> Session<'e> {
         opts: &GenerateOptions,
         mut on_event: impl FnMut(Event) -> bool,
     ) -> Result<Generation> {
-        let (ids, _) = self.engine.encode(prompt)?;
+        let (ids, unknown) = self.engine.encode(prompt)?;
+        if !unknown.is_empty() {
+            on_event(Event::Unknown(&unknown));
+        }
         match mode {
             Mode::Diffusion(d) => self.diffusion(ids, d, &mut on_event),
             _ if self.engine.is_diffusion() => invalid!(
@@ -276,13 +282,13 @@ impl<'e> Session<'e> {
         if !opts.stop.is_empty() {
             invalid!("stop strings apply to autoregressive generation, not speculative decoding");
         }
-        let draft_lane = Lane::new("draft", 1)?;
-        let sparse = Lane::new("sparse", 1)?;
+        let draft_lane = e.draft_lane()?;
+        let sparse = e.sparse_lane()?;
         let mut d = s
             .draft
-            .drafter(target, &draft_lane, opts.sampling.temperature)?;
+            .drafter(target, draft_lane, opts.sampling.temperature)?;
         let stop_ids = if opts.stop_at_eos {
-            e.stop_ids()
+            e.model().stop_ids()
         } else {
             vec![]
         };
@@ -299,7 +305,7 @@ impl<'e> Session<'e> {
                 let o = ahasd::generate(
                     target,
                     e.lane(),
-                    &draft_lane,
+                    draft_lane,
                     d.as_mut(),
                     &ids,
                     &AsyncConfig {
@@ -330,7 +336,7 @@ impl<'e> Session<'e> {
             None => llada_decode::speculative::generate(
                 target,
                 e.lane(),
-                Some(&sparse),
+                Some(sparse),
                 d.as_mut(),
                 &ids,
                 &SpecConfig {
@@ -388,12 +394,24 @@ impl<'e> Session<'e> {
             );
         }
         let cfg = d.options.config()?;
-        let lanes = DiffusionLanes::new(e.threads(), &cfg, d.sparse_pool)?;
+        // The engine's lanes: the dense one, and the sparse one where revision asks for a pool
+        // of its own ([`DiffusionLanes::new`] says when).
+        let sparse = if DiffusionLanes::wants_sparse_pool(&cfg, d.sparse_pool) {
+            Some(e.sparse_lane()?)
+        } else {
+            None
+        };
         let mut observe = |v: &StepView| {
             on_event(Event::Step(v));
         };
-        let out = lanes.generate(e.model(), &ids, &cfg, Some(&mut observe))?;
+        let out = generate_with(e.model(), e.lane(), sparse, &ids, &cfg, Some(&mut observe))?;
         let tokens = out.tokens.clone();
-        self.whole(ids, &tokens, &e.stop_ids(), Stats::Diffusion(out), on_event)
+        self.whole(
+            ids,
+            &tokens,
+            &e.model().stop_ids(),
+            Stats::Diffusion(out),
+            on_event,
+        )
     }
 }

@@ -3,11 +3,10 @@
 //! how many prompt tokens came from the cache).
 
 use crate::cmd::generate::{engine_options, gen_options, sampling_note, ModelArgs, SamplingArgs};
-use crate::util::{check_output_file, encode_prompt, out_line, write_trace, StdoutStream};
+use crate::util::{check_output_file, out_line, warn_unknown, write_trace, StdoutStream};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llada::{Engine, Event, Mode, Prompt, Stats};
-use llada_formats::tokenizer::Message;
+use llada::{Engine, Event, Mode, Stats};
 use llada_runtime::Tracer;
 use std::io::Write;
 
@@ -37,7 +36,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     if a.model.trace.is_some() {
         Tracer::global().enable(true);
     }
-    let tok = engine.tokenizer()?;
+    engine.tokenizer()?; // a model without one is refused before the first turn
     let mut session = engine.session();
     session.set_system(a.system.as_deref());
     eprintln!(
@@ -69,24 +68,25 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        // Refuse (and name) characters the vocabulary cannot represent before the turn.
-        let mut turn = session.history().to_vec();
-        turn.push(Message::new("user", line));
-        if let Err(e) = engine
-            .render(&Prompt::Chat(&turn))
-            .map_err(anyhow::Error::from)
-            .and_then(|t| encode_prompt(tok, &t))
-        {
-            eprintln!("error: {e:#}");
-            continue;
-        }
+        // A turn the session refuses before any text (characters the vocabulary cannot
+        // represent, named in the error) leaves stdout untouched.
         let mut stdout = StdoutStream::new();
+        let mut started = false;
         let out = session.chat(line, &Mode::Ar, &opts, |e| match e {
-            Event::Text(t) => stdout.write(t),
+            Event::Text(t) => {
+                started = true;
+                stdout.write(t)
+            }
+            Event::Unknown(chars) => {
+                warn_unknown(chars);
+                true
+            }
             Event::Step(_) => true,
         });
         stdout.finish()?;
-        out_line("")?;
+        if out.is_ok() || started {
+            out_line("")?;
+        }
         match out {
             Ok(g) => {
                 if let Stats::Ar(o) = &g.stats {

@@ -3,7 +3,7 @@
 
 use crate::cmd::decoding::{DiffusionArgs, SpecArgs};
 use crate::util::{
-    check_output_file, encode_prompt, memory_report, out_line, parse_quant, write_trace,
+    check_output_file, memory_report, out_line, parse_quant, warn_unknown, write_trace,
     write_trace_file, StdoutStream,
 };
 use anyhow::{bail, Result};
@@ -310,9 +310,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Chat(&msgs)
     };
-    // Warn of characters the model reads as its unknown token (unrepresentable ones fail).
     let tok = engine.tokenizer()?;
-    encode_prompt(tok, &engine.render(&prompt)?)?;
     let draft = match a.mode {
         ModeArg::Speculative => Some(engine.load_draft(
             a.spec.draft_name(),
@@ -339,6 +337,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let visual = a.diffusion.visual;
     let out = session.generate_streaming(&prompt, &mode, &opts, |e| match e {
         Event::Text(t) if streams => stdout.write(t),
+        Event::Unknown(chars) => {
+            warn_unknown(chars);
+            true
+        }
         Event::Step(v) if visual => {
             eprintln!("\x1b[2J\x1b[H{}\x1b[0m", canvas(tok, v));
             true

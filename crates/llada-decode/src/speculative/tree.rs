@@ -69,6 +69,9 @@ impl DraftTree {
     /// `window` of them: `ctx` (the committed context, ending with the root's token) and the
     /// draft path down to the row's node. What the repetition penalty looks back over.
     pub fn history(&self, ctx: &[u32], row: usize, window: usize) -> Vec<u32> {
+        if window == 0 {
+            return vec![]; // no penalty: nothing to look back over, no path to walk
+        }
         let path = match row {
             0 => vec![],
             r => self.path(r - 1),
