@@ -13,7 +13,8 @@ pub enum ActLayout {
 }
 
 /// Activations quantized to 8-bit blocks of 32: `x[i, 32b + l] ≈ d[i, b] · q[i, 32b + l]`.
-/// Per row, `d` and `s = d·Σq` are padded with zeros to a multiple of 8 blocks.
+/// Per row, `d` and `s = d·Σq` are padded with zeros to a multiple of 8 blocks, and `h` (the
+/// integer sums of each 16 values, for the K-quants' per-16 scales and mins) to 16 halves.
 pub struct QuantizedActs {
     pub m: usize,
     pub k: usize,
@@ -25,6 +26,7 @@ pub struct QuantizedActs {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    pub h: Vec<i16>,
 }
 
 impl QuantizedActs {
@@ -44,6 +46,7 @@ impl QuantizedActs {
         let mut qs = vec![0i8; m * qstride];
         let mut d = vec![0f32; m * nbp];
         let mut s = vec![0f32; m * nbp];
+        let mut h = vec![0i16; m * nbp * 2];
         let mut tmp = [0i8; 32];
         for i in 0..m {
             for b in 0..nb {
@@ -51,14 +54,17 @@ impl QuantizedActs {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let dd = amax / 127.0;
                 let id = if dd > 0.0 { 1.0 / dd } else { 0.0 };
-                let mut sum = 0i32;
-                for (q, v) in tmp.iter_mut().zip(xb) {
+                let mut halves = [0i32; 2];
+                for (l, (q, v)) in tmp.iter_mut().zip(xb).enumerate() {
                     // Round half away from zero without a libm call (|v·id| ≤ 127).
                     let y = v * id;
                     let qi = (y + 0.5f32.copysign(y)) as i32;
                     *q = qi as i8;
-                    sum += qi;
+                    halves[l / 16] += qi;
                 }
+                let sum = halves[0] + halves[1];
+                h[(i * nbp + b) * 2] = halves[0] as i16;
+                h[(i * nbp + b) * 2 + 1] = halves[1] as i16;
                 d[i * nbp + b] = dd;
                 s[i * nbp + b] = dd * sum as f32;
                 let row = &mut qs[i * qstride..(i + 1) * qstride];
@@ -81,7 +87,13 @@ impl QuantizedActs {
             qs,
             d,
             s,
+            h,
         }
+    }
+
+    /// The sum of the 16 values of half `half` (0, 1) of block `b` of row `i`.
+    pub(super) fn half_sum(&self, i: usize, b: usize, half: usize) -> i32 {
+        self.h[(i * self.nbp + b) * 2 + half] as i32
     }
 
     /// Value `l` (0..32) of block `b` of row `i`.

@@ -5,7 +5,7 @@
 //! Invariant: a `QMatrix` is immutable once built; clones share its buffer.
 
 use super::buffers::WeightBuf;
-use super::repack::{h2f, layout, repack_row, Kind};
+use super::repack::{h2f, layout, repack_row, Kind, Layout};
 use crate::types::GgmlType;
 use std::sync::Arc;
 
@@ -25,7 +25,20 @@ pub struct QMatrix {
     pub(super) nbp: usize,
     /// Bytes of one packed row.
     pub(super) stride: usize,
+    /// The whole packed layout (the fields above are its most used parts, copied).
+    pub(super) lay: Layout,
     pub(super) data: Arc<WeightBuf>,
+}
+
+/// What turns block `b`'s unsigned values `q` into weights: element `l` (half `h = l / 16`)
+/// is `a·sc[h]·(q[l] − bias) + off·mn[h]` (ggml's own operation order for every type).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockTerms {
+    pub a: f32,
+    pub sc: [i32; 2],
+    pub bias: i32,
+    pub off: f32,
+    pub mn: [i32; 2],
 }
 
 /// Errors building a [`QMatrix`].
@@ -52,10 +65,7 @@ pub enum QMatrixError {
 impl QMatrix {
     /// Types with a kernel.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(
-            ty,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K
-        )
+        ty.is_quantized()
     }
 
     /// Repack `owner[offset..]`, a `rows × cols` matrix of type `ty` in GGML layout.
@@ -107,20 +117,21 @@ impl QMatrix {
             srcs.push(&all[offset..offset + expected]);
         }
         let rows: usize = parts.iter().map(|p| p.0).sum();
-        let (kind, nb, nbe, nbp, stride) = layout(ty, cols);
+        let lay = layout(ty, cols);
         let src_rows = srcs.iter().flat_map(|s| s.chunks_exact(src_row));
-        let mut data = WeightBuf::alloc(rows * stride);
-        for (dst, s) in data.chunks_exact_mut(stride).zip(src_rows) {
-            repack_row(kind, nb, nbe, nbp, s, dst);
+        let mut data = WeightBuf::alloc(rows * lay.stride);
+        for (dst, s) in data.chunks_exact_mut(lay.stride).zip(src_rows) {
+            repack_row(&lay, s, dst);
         }
         Ok(Self {
             ty,
-            kind,
+            kind: lay.kind,
             rows,
             cols,
-            nb,
-            nbp,
-            stride,
+            nb: lay.nb,
+            nbp: lay.nbp,
+            stride: lay.stride,
+            lay,
             data: Arc::new(data),
         })
     }
@@ -188,36 +199,87 @@ impl QMatrix {
         &self.data[r * self.stride..(r + 1) * self.stride]
     }
 
-    /// (scale, offset) of block `b` of a packed row, and its integer values.
-    pub(super) fn block(&self, row: &[u8], b: usize, q: &mut [i32; 32]) -> (f32, f32) {
-        let nbe = self.nb.next_multiple_of(2);
+    /// Block `b` of a packed row: its unsigned (Q8_0: signed) values into `q`, and the terms
+    /// that turn them into weights.
+    pub(super) fn block(&self, row: &[u8], b: usize, q: &mut [i32; 32]) -> BlockTerms {
+        let lay = &self.lay;
+        let ones = [1, 1];
+        let plain = |a: f32, bias: i32, off: f32| BlockTerms {
+            a,
+            sc: ones,
+            bias,
+            off,
+            mn: ones,
+        };
+        if self.kind == Kind::Q8D16 {
+            for (l, v) in q.iter_mut().enumerate() {
+                *v = row[b * 32 + l] as i8 as i32;
+            }
+            return plain(h2f(row, lay.sc + 2 * b), 0, 0.0);
+        }
+        self.values(row, b, q);
+        let (g, j) = (b / 8, b % 8);
+        let hdr = lay.sc + g * self.kind.header();
+        let sbyte = |i: usize| row[hdr + 2 + i] as i8 as i32;
         match self.kind {
-            Kind::Q8D16 => {
-                for (l, v) in q.iter_mut().enumerate() {
-                    *v = row[b * 32 + l] as i8 as i32;
-                }
-                (h2f(row, self.nb * 32 + 2 * b), 0.0)
-            }
-            k => {
-                for l in 0..16 {
-                    q[l] = (row[b * 16 + l] & 0xF) as i32;
-                    q[l + 16] = (row[b * 16 + l] >> 4) as i32;
-                }
-                let o = nbe * 16;
-                match k {
-                    Kind::Q4D16 => {
-                        let d = h2f(row, o + 2 * b);
-                        (d, -8.0 * d)
-                    }
-                    Kind::Q4DM16 => (h2f(row, o + 2 * b), h2f(row, o + 2 * self.nbp + 2 * b)),
-                    _ => {
-                        let f = |p: usize| {
-                            f32::from_le_bytes([row[p], row[p + 1], row[p + 2], row[p + 3]])
-                        };
-                        (f(o + 4 * b), f(o + 4 * self.nbp + 4 * b))
-                    }
+            Kind::Q4D16 => plain(h2f(row, lay.sc + 2 * b), 8, 0.0),
+            Kind::Q5D16 => plain(h2f(row, lay.sc + 2 * b), 16, 0.0),
+            Kind::Q4DM16 | Kind::Q5DM16 => plain(
+                h2f(row, lay.sc + 2 * b),
+                0,
+                h2f(row, lay.sc + 2 * lay.nbp + 2 * b),
+            ),
+            Kind::K4 | Kind::K5 => plain(
+                h2f(row, hdr) * row[hdr + 4 + j] as f32,
+                0,
+                -(h2f(row, hdr + 2) * row[hdr + 12 + j] as f32),
+            ),
+            Kind::K6 | Kind::K3 => {
+                let sc = [sbyte(2 * j), sbyte(2 * j + 1)];
+                let bias = if self.kind == Kind::K6 { 32 } else { 4 };
+                BlockTerms {
+                    a: h2f(row, hdr),
+                    sc,
+                    bias,
+                    off: 0.0,
+                    mn: sc,
                 }
             }
+            _ => {
+                let (b0, b1) = (row[hdr + 4 + 2 * j], row[hdr + 5 + 2 * j]);
+                BlockTerms {
+                    a: h2f(row, hdr),
+                    sc: [(b0 & 0xF) as i32, (b1 & 0xF) as i32],
+                    bias: 0,
+                    off: -h2f(row, hdr + 2),
+                    mn: [(b0 >> 4) as i32, (b1 >> 4) as i32],
+                }
+            }
+        }
+    }
+
+    /// The unsigned values of block `b` of a packed row of a plane kind, read from its planes.
+    fn values(&self, row: &[u8], b: usize, q: &mut [i32; 32]) {
+        let lay = &self.lay;
+        let (p, which) = (b / 2, b % 2);
+        for (l, v) in q.iter_mut().enumerate() {
+            let (half, j) = (l / 16, l % 16);
+            // Each plane is read only by the kinds that have it (the offsets of absent planes
+            // point at the next one).
+            let nib = || (row[lay.nib + 16 * b + j] >> (4 * half)) & 0xF;
+            let two = || (row[lay.two + 16 * p + j] >> (2 * which + 4 * half)) & 3;
+            let bit = || {
+                let w = lay.bit + 8 * p + 4 * half;
+                let word = u32::from_le_bytes([row[w], row[w + 1], row[w + 2], row[w + 3]]);
+                ((word >> (16 * which + j)) & 1) as u8
+            };
+            *v = match self.kind {
+                Kind::Q4D16 | Kind::Q4DM16 | Kind::K4 => nib(),
+                Kind::Q5D16 | Kind::Q5DM16 | Kind::K5 => nib() | bit() << 4,
+                Kind::K6 => nib() | two() << 4,
+                Kind::K3 => two() | bit() << 2,
+                _ => two(),
+            } as i32;
         }
     }
 
@@ -226,9 +288,11 @@ impl QMatrix {
         let row = self.row(r);
         let mut q = [0i32; 32];
         for b in 0..self.nb {
-            let (d, m) = self.block(row, b, &mut q);
+            let t = self.block(row, b, &mut q);
             for l in 0..32 {
-                out[b * 32 + l] = d * q[l] as f32 + m;
+                let h = l / 16;
+                out[b * 32 + l] =
+                    (t.a * t.sc[h] as f32) * (q[l] - t.bias) as f32 + t.off * t.mn[h] as f32;
             }
         }
     }

@@ -124,8 +124,8 @@ impl QMatrix {
                     match self.kind {
                         Kind::Q4D16 => avx512::range4::<0>(self, x, n0, n1, out.0),
                         Kind::Q4DM16 => avx512::range4::<1>(self, x, n0, n1, out.0),
-                        Kind::Q4DM32 => avx512::range4::<2>(self, x, n0, n1, out.0),
                         Kind::Q8D16 => avx512::range8(self, x, n0, n1, out.0),
+                        k => plane_range(k, self, x, n0, n1, out.0),
                     }
                     return;
                 }
@@ -133,8 +133,8 @@ impl QMatrix {
                     match self.kind {
                         Kind::Q4D16 => avx2::range4::<0>(self, x, n0, n1, out.0),
                         Kind::Q4DM16 => avx2::range4::<1>(self, x, n0, n1, out.0),
-                        Kind::Q4DM32 => avx2::range4::<2>(self, x, n0, n1, out.0),
                         Kind::Q8D16 => avx2::range8(self, x, n0, n1, out.0),
+                        k => plane_range(k, self, x, n0, n1, out.0),
                     }
                     return;
                 }
@@ -142,6 +142,32 @@ impl QMatrix {
             }
         }
         portable_range(self, x, n0, n1, out.0)
+    }
+}
+
+/// The AVX2 plane kernel of kind `k` (Q5_0, Q5_1, K-quants).
+///
+/// # Safety
+/// As [`QMatrix::range_on`], with AVX2/FMA/F16C present.
+#[cfg(target_arch = "x86_64")]
+unsafe fn plane_range(
+    k: Kind,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    use x86::planes::range;
+    match k {
+        Kind::Q5D16 => range::<{ Kind::Q5D16 as u8 }>(w, x, n0, n1, out),
+        Kind::Q5DM16 => range::<{ Kind::Q5DM16 as u8 }>(w, x, n0, n1, out),
+        Kind::K4 => range::<{ Kind::K4 as u8 }>(w, x, n0, n1, out),
+        Kind::K5 => range::<{ Kind::K5 as u8 }>(w, x, n0, n1, out),
+        Kind::K6 => range::<{ Kind::K6 as u8 }>(w, x, n0, n1, out),
+        Kind::K3 => range::<{ Kind::K3 as u8 }>(w, x, n0, n1, out),
+        Kind::K2 => range::<{ Kind::K2 as u8 }>(w, x, n0, n1, out),
+        Kind::Q4D16 | Kind::Q4DM16 | Kind::Q8D16 => unreachable!("not a plane kind"),
     }
 }
 

@@ -1,115 +1,195 @@
 //! Repacking weights at load: GGML's array-of-blocks rows become per-row structure-of-arrays
-//! rows, the layout every kernel reads ([`layout`]). A packed row holds, in order: the values
-//! (4-bit kinds: 16 bytes per block, the block count rounded up to 2, low nibbles elements 0–15
-//! and high nibbles 16–31; Q8_0: 32 signed bytes per block), the scales (f16, or f32 for Q4_K,
-//! the block count rounded up to 8), the offsets where the kind has them (same type and count),
-//! and padding to a multiple of 32 bytes.
+//! rows, the layout every kernel reads ([`Layout`]). Element values are stored unsigned, in
+//! *planes* of bits, for pairs of 32-element blocks (the kernels process two blocks per
+//! 256-bit register):
 //!
-//! Invariants: repacking keeps the bytes per block; every byte of a packed row is written,
-//! padding as zeros ([`zero_padding`]), because an arena hands out old bytes.
+//! * nibble plane (4 low bits): 16 bytes per block, byte `l` = element `l` | element `16 + l`
+//!   << 4 — so one 32-byte load of a pair, masked, gives elements 0–15 of both blocks, and
+//!   shifted by 4 elements 16–31;
+//! * two-bit plane (Q6_K's bits 4–5; Q3_K's and Q2_K's bits 0–1): 16 bytes per pair, byte `j`
+//!   = `A[j] | B[j] << 2 | A[16+j] << 4 | B[16+j] << 6` (A, B the pair's blocks);
+//! * one-bit plane (the 5th bit of Q5_0/Q5_1/Q5_K, Q3_K's 3rd): 8 bytes per pair, two u32:
+//!   bit `j` of the first = `A[j]`, bit `16 + j` = `B[j]`; the second the same for `16 + j`.
+//!
+//! After the planes come the scales: per block f16 `d` (and f16 `m`) for the 32-element types,
+//! padded to a multiple of 8 blocks; per super-block of 256 a header for the K-quants (f16 `d`,
+//! f16 `dmin` where the type has mins, then the sub-block scales as bytes: Q4_K/Q5_K 8 scales
+//! and 8 mins, Q6_K/Q3_K 16 signed scales (Q3_K's unbiased), Q2_K its 16 scale|min bytes).
+//! Q8_0 keeps 32 signed bytes per block then the f16 scales. Rows are padded to 32 bytes.
+//!
+//! Every element is `w = a·sc·(q − bias) + off·mn` with `q` the unsigned plane value and the
+//! other terms from the scales ([`super::matrix::BlockTerms`]). Bytes per super-block against
+//! the file's: Q5_0/Q5_1/Q6_K/Q2_K/Q4_0/Q4_1/Q8_0 equal, Q4_K 148 vs 144, Q5_K 180 vs 176,
+//! Q3_K 114 vs 110 (the 6-bit scales widened to bytes).
+//!
+//! Invariants: every byte of a packed row is written, padding as zeros, because an arena
+//! hands out old bytes.
 
+use crate::dequant::kquants::q6k_value;
+use crate::dequant::kquants::{q2k_value, q3k_scales, q3k_value, q4k_value, q5_pair, q5k_value};
 use crate::dequant::q4k_scale_min;
 use crate::types::GgmlType;
 use half::f16;
 
 /// Packed kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(super) enum Kind {
     /// 4-bit values, f16 scale, offset −8·d (Q4_0).
     Q4D16,
     /// 4-bit values, f16 scale and f16 offset (Q4_1).
     Q4DM16,
-    /// 4-bit values, f32 scale and f32 offset (Q4_K sub-blocks).
-    Q4DM32,
     /// Signed 8-bit values, f16 scale (Q8_0).
     Q8D16,
+    /// 5-bit values (nibble + bit planes), f16 scale, bias 16 (Q5_0).
+    Q5D16,
+    /// 5-bit values, f16 scale and f16 offset (Q5_1).
+    Q5DM16,
+    /// Q4_K: nibbles; per 32 a scale and a min.
+    K4,
+    /// Q5_K: nibbles + bit plane; per 32 a scale and a min.
+    K5,
+    /// Q6_K: nibbles + two-bit plane; per 16 a signed scale, bias 32.
+    K6,
+    /// Q3_K: two-bit + bit planes; per 16 a signed scale, bias 4.
+    K3,
+    /// Q2_K: two-bit plane; per 16 a scale and a min.
+    K2,
 }
 
 impl Kind {
+    pub(super) fn of(ty: GgmlType) -> Option<Kind> {
+        Some(match ty {
+            GgmlType::Q4_0 => Kind::Q4D16,
+            GgmlType::Q4_1 => Kind::Q4DM16,
+            GgmlType::Q8_0 => Kind::Q8D16,
+            GgmlType::Q5_0 => Kind::Q5D16,
+            GgmlType::Q5_1 => Kind::Q5DM16,
+            GgmlType::Q4K => Kind::K4,
+            GgmlType::Q5K => Kind::K5,
+            GgmlType::Q6K => Kind::K6,
+            GgmlType::Q3K => Kind::K3,
+            GgmlType::Q2K => Kind::K2,
+            _ => return None,
+        })
+    }
+    /// Activations in paired order (everything but Q8_0).
     pub(super) fn is_q4(self) -> bool {
         self != Kind::Q8D16
     }
+    fn planes(self) -> (bool, bool, bool) {
+        use Kind::*;
+        // (nibble, two-bit, one-bit)
+        match self {
+            Q4D16 | Q4DM16 | K4 => (true, false, false),
+            Q5D16 | Q5DM16 | K5 => (true, false, true),
+            K6 => (true, true, false),
+            K3 => (false, true, true),
+            K2 => (false, true, false),
+            Q8D16 => (false, false, false),
+        }
+    }
+    /// Bytes of a K-quant super-block header.
+    pub(super) fn header(self) -> usize {
+        Self::header_of(self as u8)
+    }
+    /// [`Kind::header`] of a kind given as its `u8` (the kernels' const parameter).
+    pub(super) const fn header_of(k: u8) -> usize {
+        if k == Kind::K4 as u8 || k == Kind::K5 as u8 || k == Kind::K2 as u8 {
+            20
+        } else if k == Kind::K6 as u8 || k == Kind::K3 as u8 {
+            18
+        } else {
+            0
+        }
+    }
 }
 
-/// Packed layout of a `cols`-wide row of `ty`: kind, blocks, blocks rounded up to 2 (value
-/// array) and to 8 (scale arrays), and the row's stride in bytes.
-pub(super) fn layout(ty: GgmlType, cols: usize) -> (Kind, usize, usize, usize, usize) {
-    let kind = match ty {
-        GgmlType::Q4_0 => Kind::Q4D16,
-        GgmlType::Q4_1 => Kind::Q4DM16,
-        GgmlType::Q4K => Kind::Q4DM32,
-        _ => Kind::Q8D16,
-    };
+/// Packed layout of a row: kind, block counts and byte offsets of the planes and scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Layout {
+    pub kind: Kind,
+    /// Blocks of 32.
+    pub nb: usize,
+    /// `nb` rounded up to 2 (whole pairs in the planes).
+    pub nbe: usize,
+    /// `nb` rounded up to 8 (scale arrays in whole groups of 8).
+    pub nbp: usize,
+    /// Bytes of one packed row.
+    pub stride: usize,
+    pub nib: usize,
+    pub two: usize,
+    pub bit: usize,
+    pub sc: usize,
+}
+
+/// The packed layout of a `cols`-wide row of `ty` (a type with a kernel).
+pub(super) fn layout(ty: GgmlType, cols: usize) -> Layout {
+    let kind = Kind::of(ty).expect("layout: a type with a kernel");
     let nb = cols / 32;
     let nbp = nb.next_multiple_of(8);
     let nbe = nb.next_multiple_of(2);
-    let stride = match kind {
-        Kind::Q4D16 => nbe * 16 + nbp * 2,
-        Kind::Q4DM16 => nbe * 16 + nbp * 4,
-        Kind::Q4DM32 => nbe * 16 + nbp * 8,
-        Kind::Q8D16 => nb * 32 + nbp * 2,
+    let (has_nib, has_two, has_bit) = kind.planes();
+    let nib = 0;
+    let two = nib + if has_nib { nbe * 16 } else { 0 };
+    let bit = two + if has_two { nbe * 8 } else { 0 };
+    let mut sc = bit + if has_bit { nbe * 4 } else { 0 };
+    let scales = match kind {
+        Kind::Q4D16 | Kind::Q5D16 => nbp * 2,
+        Kind::Q4DM16 | Kind::Q5DM16 => nbp * 4,
+        Kind::Q8D16 => {
+            sc = nb * 32;
+            nbp * 2
+        }
+        k => nb / 8 * k.header(),
+    };
+    Layout {
+        kind,
+        nb,
+        nbe,
+        nbp,
+        stride: (sc + scales).next_multiple_of(32),
+        nib,
+        two,
+        bit,
+        sc,
     }
-    .next_multiple_of(32);
-    (kind, nb, nbe, nbp, stride)
 }
 
-/// Repack one GGML row `s` (`nb` blocks of the type `kind` packs) into the packed row `dst`
-/// (layout of `kind`, module docs); every byte of `dst` is written.
-pub(super) fn repack_row(kind: Kind, nb: usize, nbe: usize, nbp: usize, s: &[u8], dst: &mut [u8]) {
-    // Padding (block counts rounded up) must read as zero, and an arena holds old
-    // bytes.
-    zero_padding(kind, nb, nbe, nbp, dst);
-    match kind {
+/// Repack one GGML row `s` into the packed row `dst` (`lay.stride` bytes); every byte of
+/// `dst` is written.
+pub(super) fn repack_row(lay: &Layout, s: &[u8], dst: &mut [u8]) {
+    match lay.kind {
         // Fixed-size copies (the block size as a constant): a streamed model repacks every
         // streamed layer on every pass; with runtime-length copies this loop repacked Q4_1 at
         // 5.2 GB/s instead of 6.0.
-        Kind::Q4D16 => repack_q4::<18>(s, dst, nb, nbe, nbp, false),
-        Kind::Q4DM16 => repack_q4::<20>(s, dst, nb, nbe, nbp, true),
-        Kind::Q4DM32 => {
-            let (qs, rest) = dst.split_at_mut(nbe * 16);
-            for sb in 0..nb / 8 {
-                let blk = &s[sb * 144..(sb + 1) * 144];
-                let (d, dmin) = (h2f(blk, 0), h2f(blk, 2));
-                for j in 0..8 {
-                    let b = sb * 8 + j;
-                    let (sc, mn) = q4k_scale_min(j, &blk[4..16]);
-                    let q = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
-                    let shift = 4 * (j % 2);
-                    for l in 0..16 {
-                        let lo = (q[l] >> shift) & 0xF;
-                        let hi = (q[l + 16] >> shift) & 0xF;
-                        qs[b * 16 + l] = lo | (hi << 4);
-                    }
-                    rest[4 * b..4 * b + 4].copy_from_slice(&(d * sc as f32).to_le_bytes());
-                    let m = -(dmin * mn as f32);
-                    rest[nbp * 4 + 4 * b..nbp * 4 + 4 * b + 4].copy_from_slice(&m.to_le_bytes());
-                }
-            }
+        Kind::Q4D16 => {
+            zero_padding(lay, dst);
+            repack_q4::<18>(s, dst, lay, false)
+        }
+        Kind::Q4DM16 => {
+            zero_padding(lay, dst);
+            repack_q4::<20>(s, dst, lay, true)
         }
         Kind::Q8D16 => {
-            let (qs, rest) = dst.split_at_mut(nb * 32);
-            for b in 0..nb {
+            zero_padding(lay, dst);
+            let (qs, rest) = dst.split_at_mut(lay.nb * 32);
+            for b in 0..lay.nb {
                 let blk = &s[b * 34..(b + 1) * 34];
                 qs[b * 32..b * 32 + 32].copy_from_slice(&blk[2..]);
                 rest[2 * b..2 * b + 2].copy_from_slice(&blk[0..2]);
             }
         }
+        _ => repack_planes(lay, s, dst),
     }
 }
 
 /// Repack a row of `nb` 4-bit GGML blocks of `BB` bytes (scale, [offset,] 16 value bytes).
 #[inline]
-fn repack_q4<const BB: usize>(
-    s: &[u8],
-    dst: &mut [u8],
-    nb: usize,
-    nbe: usize,
-    nbp: usize,
-    offsets: bool,
-) {
-    let (qs, rest) = dst.split_at_mut(nbe * 16);
-    let (scales, mins) = rest.split_at_mut(nbp * 2);
-    let blocks = s.chunks_exact(BB).take(nb);
+fn repack_q4<const BB: usize>(s: &[u8], dst: &mut [u8], lay: &Layout, offsets: bool) {
+    let (qs, rest) = dst.split_at_mut(lay.nbe * 16);
+    let (scales, mins) = rest.split_at_mut(lay.nbp * 2);
+    let blocks = s.chunks_exact(BB).take(lay.nb);
     for ((blk, q), sc) in blocks
         .clone()
         .zip(qs.chunks_exact_mut(16))
@@ -125,22 +205,143 @@ fn repack_q4<const BB: usize>(
     }
 }
 
-/// Zero the bytes of a packed row that the repack does not write: values of the blocks past
-/// `nb` (up to `nbe`), scales and offsets past `nb` (up to `nbp`), and the tail to the stride.
-fn zero_padding(kind: Kind, nb: usize, nbe: usize, nbp: usize, row: &mut [u8]) {
-    let (qbytes, sbytes, arrays) = match kind {
-        Kind::Q4D16 => (nbe * 16, 2, 1),
-        Kind::Q4DM16 => (nbe * 16, 2, 2),
-        Kind::Q4DM32 => (nbe * 16, 4, 2),
-        Kind::Q8D16 => (nb * 32, 2, 1),
+/// Zero the bytes of a Q4_0/Q4_1/Q8_0 packed row that the repack does not write: values of
+/// the blocks past `nb` (up to `nbe`), scales and offsets past `nb` (up to `nbp`), and the
+/// tail to the stride.
+fn zero_padding(lay: &Layout, row: &mut [u8]) {
+    let (qbytes, arrays, per_block) = match lay.kind {
+        Kind::Q4D16 => (lay.nbe * 16, 1, 16),
+        Kind::Q4DM16 => (lay.nbe * 16, 2, 16),
+        _ => (lay.nb * 32, 1, 32),
     };
-    let per_block = if kind.is_q4() { 16 } else { 32 };
-    row[nb * per_block..qbytes].fill(0);
+    row[lay.nb * per_block..qbytes].fill(0);
     for a in 0..arrays {
-        let base = qbytes + a * nbp * sbytes;
-        row[base + nb * sbytes..base + nbp * sbytes].fill(0);
+        let base = qbytes + a * lay.nbp * 2;
+        row[base + lay.nb * 2..base + lay.nbp * 2].fill(0);
     }
-    row[qbytes + arrays * nbp * sbytes..].fill(0);
+    row[qbytes + arrays * lay.nbp * 2..].fill(0);
+}
+
+/// Repack the plane kinds: decode each block's unsigned values and scales from the GGML row,
+/// then write the planes and the scale arrays or headers.
+fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
+    dst.fill(0);
+    let mut v = vec![0u8; lay.nbe * 32];
+    match lay.kind {
+        Kind::Q5D16 | Kind::Q5DM16 => {
+            let (bb, o) = if lay.kind == Kind::Q5D16 {
+                (22, 2)
+            } else {
+                (24, 4)
+            };
+            for (b, blk) in s.chunks_exact(bb).take(lay.nb).enumerate() {
+                let qh = u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
+                for j in 0..16 {
+                    let (lo, hi) = q5_pair(blk[o + 4 + j], qh, j);
+                    v[32 * b + j] = lo as u8;
+                    v[32 * b + 16 + j] = hi as u8;
+                }
+                dst[lay.sc + 2 * b..lay.sc + 2 * b + 2].copy_from_slice(&blk[0..2]);
+                if o == 4 {
+                    let m = lay.sc + 2 * lay.nbp + 2 * b;
+                    dst[m..m + 2].copy_from_slice(&blk[2..4]);
+                }
+            }
+        }
+        k => {
+            let bb = match k {
+                Kind::K4 => 144,
+                Kind::K5 => 176,
+                Kind::K6 => 210,
+                Kind::K3 => 110,
+                _ => 84,
+            };
+            for (sb, blk) in s.chunks_exact(bb).take(lay.nb / 8).enumerate() {
+                let vals = &mut v[256 * sb..256 * sb + 256];
+                let value: fn(&[u8], usize) -> u8 = match k {
+                    Kind::K4 => q4k_value,
+                    Kind::K5 => q5k_value,
+                    Kind::K6 => q6k_value,
+                    Kind::K3 => q3k_value,
+                    _ => |b, e| q2k_value(&b[16..80], e),
+                };
+                for (e, x) in vals.iter_mut().enumerate() {
+                    *x = value(blk, e);
+                }
+                let h = lay.sc + sb * k.header();
+                header(k, blk, &mut dst[h..h + k.header()]);
+            }
+        }
+    }
+    write_planes(lay, &v, dst);
+}
+
+/// A K-quant super-block header (module docs) from GGML block `b`.
+fn header(k: Kind, b: &[u8], h: &mut [u8]) {
+    match k {
+        Kind::K4 | Kind::K5 => {
+            h[0..4].copy_from_slice(&b[0..4]);
+            for j in 0..8 {
+                let (sc, mn) = q4k_scale_min(j, &b[4..16]);
+                h[4 + j] = sc;
+                h[12 + j] = mn;
+            }
+        }
+        Kind::K6 => {
+            h[0..2].copy_from_slice(&b[208..210]);
+            h[2..18].copy_from_slice(&b[192..208]);
+        }
+        Kind::K3 => {
+            h[0..2].copy_from_slice(&b[108..110]);
+            for (o, s) in h[2..18].iter_mut().zip(q3k_scales(&b[96..108])) {
+                *o = (s as i32 - 32) as i8 as u8;
+            }
+        }
+        _ => {
+            h[0..4].copy_from_slice(&b[80..84]);
+            h[4..20].copy_from_slice(&b[0..16]);
+        }
+    }
+}
+
+/// Write the value planes of `lay.kind` from unsigned values `v` (`nbe · 32`, zero-padded).
+fn write_planes(lay: &Layout, v: &[u8], dst: &mut [u8]) {
+    let (has_nib, has_two, has_bit) = lay.kind.planes();
+    // The bits each plane takes from a value.
+    let (two_shift, bit_shift) = match lay.kind {
+        Kind::K6 => (4, 0),
+        Kind::K3 => (0, 2),
+        Kind::K2 => (0, 0),
+        _ => (0, 4),
+    };
+    if has_nib {
+        for (b, blk) in v.chunks_exact(32).enumerate() {
+            for l in 0..16 {
+                dst[lay.nib + 16 * b + l] = (blk[l] & 0xF) | ((blk[16 + l] & 0xF) << 4);
+            }
+        }
+    }
+    for (p, pair) in v.chunks_exact(64).enumerate() {
+        let (a, b) = pair.split_at(32);
+        if has_two {
+            let t = |x: u8| (x >> two_shift) & 3;
+            for j in 0..16 {
+                dst[lay.two + 16 * p + j] =
+                    t(a[j]) | t(b[j]) << 2 | t(a[16 + j]) << 4 | t(b[16 + j]) << 6;
+            }
+        }
+        if has_bit {
+            let h = |x: u8| ((x >> bit_shift) & 1) as u32;
+            let (mut lo, mut hi) = (0u32, 0u32);
+            for j in 0..16 {
+                lo |= h(a[j]) << j | h(b[j]) << (16 + j);
+                hi |= h(a[16 + j]) << j | h(b[16 + j]) << (16 + j);
+            }
+            let o = lay.bit + 8 * p;
+            dst[o..o + 4].copy_from_slice(&lo.to_le_bytes());
+            dst[o + 4..o + 8].copy_from_slice(&hi.to_le_bytes());
+        }
+    }
 }
 
 #[inline]

@@ -23,14 +23,20 @@ fn repacked_rows_ignore_old_bytes() {
         (GgmlType::Q4_0, 96),
         (GgmlType::Q4_1, 96),
         (GgmlType::Q8_0, 96),
+        (GgmlType::Q5_0, 96),
+        (GgmlType::Q5_1, 96),
+        (GgmlType::Q2K, 256),
+        (GgmlType::Q3K, 256),
         (GgmlType::Q4K, 256),
+        (GgmlType::Q5K, 256),
+        (GgmlType::Q6K, 256),
     ] {
         let raw = random_quantized(ty, 1, cols, 3);
-        let (kind, nb, nbe, nbp, stride) = layout(ty, cols);
-        let mut clean = vec![0u8; stride];
-        let mut dirty = vec![0xA5u8; stride];
-        repack_row(kind, nb, nbe, nbp, &raw, &mut clean);
-        repack_row(kind, nb, nbe, nbp, &raw, &mut dirty);
+        let lay = layout(ty, cols);
+        let mut clean = vec![0u8; lay.stride];
+        let mut dirty = vec![0xA5u8; lay.stride];
+        repack_row(&lay, &raw, &mut clean);
+        repack_row(&lay, &raw, &mut dirty);
         assert_eq!(clean, dirty, "{ty}: a recycled buffer's old bytes leaked");
     }
 }
@@ -168,7 +174,13 @@ fn check(ty: GgmlType, m: usize, n: usize, k: usize) {
 
 #[test]
 fn qmatmul_matches_dequantized_reference() {
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
         // k = 32·odd exercises the zero-padded last pair and partial scale groups.
         for (m, n, k) in [
             (1, 3, 96),
@@ -182,8 +194,22 @@ fn qmatmul_matches_dequantized_reference() {
             check(ty, m, n, k);
         }
     }
-    for (m, n) in [(1, 5), (5, 9), (8, 16)] {
-        check(GgmlType::Q4K, m, n, 512);
+    for ty in [
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ] {
+        for (m, n, k) in [
+            (1, 5, 512),
+            (5, 9, 256),
+            (8, 16, 512),
+            (3, 33, 1536),
+            (6, 7, 768),
+        ] {
+            check(ty, m, n, k);
+        }
     }
 }
 
@@ -193,4 +219,16 @@ fn rejects_bad_shapes() {
     let err = QMatrix::new(GgmlType::Q8_0, 4, 32, Arc::new(vec![0u8; 10]), 0);
     assert!(matches!(err, Err(QMatrixError::BadLength { .. })));
     assert!(QMatrix::new(GgmlType::F16, 4, 32, Arc::new(vec![0u8; 1000]), 0).is_err());
+    // K-quant rows come in whole super-blocks; truncated tensors are errors.
+    for ty in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q5K, GgmlType::Q6K] {
+        let one = ty.block_bytes();
+        assert!(matches!(
+            QMatrix::new(ty, 1, 128, Arc::new(vec![0u8; one]), 0),
+            Err(QMatrixError::BadCols { .. })
+        ));
+        assert!(matches!(
+            QMatrix::new(ty, 2, 256, Arc::new(vec![0u8; 2 * one - 1]), 0),
+            Err(QMatrixError::BadLength { .. })
+        ));
+    }
 }

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -27,7 +27,7 @@ pub(super) unsafe fn load8(p: *const u8, f32_scales: bool) -> __m256 {
     }
 }
 
-/// 4-bit tile. T: 0 = f16 d with offset −8d; 1 = f16 d, m; 2 = f32 d, m.
+/// 4-bit tile. T: 0 = f16 d with offset −8d (Q4_0); 1 = f16 d, m (Q4_1).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
@@ -38,7 +38,6 @@ unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
     out: *mut f32,
 ) {
     let nbe = w.nb.next_multiple_of(2);
-    let sb = if T == 2 { 4 } else { 2 };
     let base = w.data.as_ptr().add(n * w.stride);
     let ones = _mm256_set1_epi16(1);
     let m4 = _mm256_set1_epi8(0x0F);
@@ -48,11 +47,11 @@ unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
         let mut dv = [_mm256_setzero_ps(); NR];
         for r in 0..NR {
             let row = base.add(r * w.stride);
-            dv[r] = load8(row.add(nbe * 16 + g * 8 * sb), T == 2);
+            dv[r] = load8(row.add(nbe * 16 + g * 16), false);
             let mv = if T == 0 {
                 _mm256_mul_ps(dv[r], _mm256_set1_ps(-8.0))
             } else {
-                load8(row.add(nbe * 16 + w.nbp * sb + g * 8 * sb), T == 2)
+                load8(row.add(nbe * 16 + w.nbp * 2 + g * 16), false)
             };
             for c in 0..MR {
                 let sx = _mm256_loadu_ps(x.s.as_ptr().add((i + c) * x.nbp + g * 8));

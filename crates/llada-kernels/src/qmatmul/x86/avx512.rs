@@ -23,7 +23,7 @@ unsafe fn wide(v: __m256) -> __m512 {
     _mm512_zextps256_ps512(v)
 }
 
-/// 4-bit tile. T: 0 = f16 d with offset −8d; 1 = f16 d, m; 2 = f32 d, m.
+/// 4-bit tile. T: 0 = f16 d with offset −8d (Q4_0); 1 = f16 d, m (Q4_1).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
@@ -34,7 +34,6 @@ unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
     out: *mut f32,
 ) {
     let nbe = w.nb.next_multiple_of(2);
-    let sb = if T == 2 { 4 } else { 2 };
     let base = w.data.as_ptr().add(n * w.stride);
     let m4 = _mm512_set1_epi8(0x0F);
     // Shift counts of the 16-bit lanes: 0 in the lower half (low nibbles), 4 in the upper.
@@ -45,12 +44,12 @@ unsafe fn tile4<const T: u8, const NR: usize, const MR: usize>(
         let mut dv = [_mm512_setzero_ps(); NR];
         for r in 0..NR {
             let row = base.add(r * w.stride);
-            let d8 = load8(row.add(nbe * 16 + g * 8 * sb), T == 2);
+            let d8 = load8(row.add(nbe * 16 + g * 16), false);
             dv[r] = wide(d8);
             let mv = if T == 0 {
                 _mm256_mul_ps(d8, _mm256_set1_ps(-8.0))
             } else {
-                load8(row.add(nbe * 16 + w.nbp * sb + g * 8 * sb), T == 2)
+                load8(row.add(nbe * 16 + w.nbp * 2 + g * 16), false)
             };
             for c in 0..MR {
                 let sx = _mm256_loadu_ps(x.s.as_ptr().add((i + c) * x.nbp + g * 8));

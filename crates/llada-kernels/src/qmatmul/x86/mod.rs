@@ -1,4 +1,5 @@
 //! x86-64 kernels: [`avx2`] and [`avx512`] (AVX-512 VNNI) tiles over the same packed layouts,
+//! [`planes`] (AVX2) for the 5-bit and K-quant kinds,
 //! and the loop they share (`drive!`: cache blocks of weight rows, register tiles of
 //! activation rows). Callers pick a module through `isa.rs` and must only call a kernel whose
 //! features the CPU has.
@@ -57,3 +58,5 @@ macro_rules! drive {
 pub(super) mod avx2;
 #[allow(clippy::needless_range_loop)] // register tiles read clearer as indexed loops
 pub(super) mod avx512;
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+pub(super) mod planes;
