@@ -17,7 +17,12 @@ Block layouts follow ggml (ggml-common.h / ggml-quants.c):
   Q4_0  (2):  32 elems, 18 B: f16 d, u8 qs[16]; y[j]=((qs[j]&15)-8)*d, y[j+16]=((qs[j]>>4)-8)*d
   Q4_1  (3):  32 elems, 20 B: f16 d, f16 m, u8 qs[16]; y = q*d + m
   Q8_0  (8):  32 elems, 34 B: f16 d, i8 qs[32]; y = qs*d
+  Q5_0  (6):  32 elems, 22 B: f16 d, u32 qh, u8 qs[16]; q = nibble | (bit of qh) << 4; y=(q-16)*d
+  Q5_1  (7):  32 elems, 24 B: f16 d, f16 m, u32 qh, u8 qs[16]; y = q*d + m
+  Q2_K (10): 256 elems, 84 B: u8 scales[16] (lo nibble scale, hi nibble min), u8 qs[64], f16 d, f16 dmin
+  Q3_K (11): 256 elems, 110 B: u8 hmask[32], u8 qs[64], u8 scales[12] (6-bit, -32), f16 d
   Q4_K (12): 256 elems, 144 B: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
+  Q5_K (13): 256 elems, 176 B: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]
   Q6_K (14): 256 elems, 210 B: u8 ql[128], u8 qh[64], i8 scales[16], f16 d
 All dequantization arithmetic is done in float32 in the same operation order
 as ggml's scalar dequantize_row_* code (no fused multiply-add).
@@ -43,12 +48,15 @@ _SCALAR_FMT = {
 }
 
 # ---- ggml tensor types ----
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
-TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0",
-              Q4_K: "Q4_K", Q6_K: "Q6_K", BF16: "BF16"}
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16 = 0, 1, 2, 3, 6, 7, 8, 30
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",
+              Q8_0: "Q8_0", Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K",
+              Q6_K: "Q6_K", BF16: "BF16"}
 # type -> (elements per block, bytes per block)
 BLOCK_INFO = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20),
-              Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
+              Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210), Q5_0: (32, 22),
+              Q5_1: (32, 24), Q2_K: (256, 84), Q3_K: (256, 110), Q5_K: (256, 176)}
 
 
 def tensor_nbytes(ggml_type: int, n_elems: int) -> int:
@@ -167,6 +175,102 @@ def dequant_q6_k(raw) -> np.ndarray:
     return (dsc * q.astype(np.float32)).astype(np.float32).reshape(-1)
 
 
+def _bits(words: np.ndarray, n: int) -> np.ndarray:
+    """uint32 [nb] -> uint8 [nb, n]: bit j of each word."""
+    return ((words[:, None].astype(np.uint64) >> np.arange(n, dtype=np.uint64)) & 1).astype(np.uint8)
+
+
+def _q5_values(qh_bytes: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: element j (<16) = low nibble of qs[j] | bit j of qh << 4;
+    element 16+j = high nibble of qs[j] | bit 16+j of qh << 4."""
+    qh = np.ascontiguousarray(qh_bytes).view("<u4").reshape(-1)
+    hb = _bits(qh, 32)
+    nib = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+    return (nib | (hb << 4)).astype(np.int32)
+
+
+def dequant_q5_0(raw) -> np.ndarray:
+    b = _blocks(raw, 22)
+    d = f16_bytes_to_f32(b[:, 0:2])[:, None]
+    q = _q5_values(b[:, 2:6], b[:, 6:22]) - 16
+    return (q.astype(np.float32) * d).astype(np.float32).reshape(-1)
+
+
+def dequant_q5_1(raw) -> np.ndarray:
+    b = _blocks(raw, 24)
+    d = f16_bytes_to_f32(b[:, 0:2])[:, None]
+    m = f16_bytes_to_f32(b[:, 2:4])[:, None]
+    q = _q5_values(b[:, 4:8], b[:, 8:24]).astype(np.float32)
+    return ((q * d).astype(np.float32) + m).astype(np.float32).reshape(-1)
+
+
+def _two_bit_256(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K qs [nb, 64] -> [nb, 256]: half n (128 elements) uses bytes 32n..32n+32;
+    element 32j + l of the half is bits 2j..2j+1 of byte l."""
+    nb = qs.shape[0]
+    out = np.empty((nb, 256), dtype=np.int32)
+    for n in range(2):
+        q = qs[:, 32 * n: 32 * n + 32].astype(np.int32)
+        for j in range(4):
+            out[:, 128 * n + 32 * j: 128 * n + 32 * j + 32] = (q >> (2 * j)) & 3
+    return out
+
+
+def dequant_q2_k(raw) -> np.ndarray:
+    b = _blocks(raw, 84)
+    sc = b[:, 0:16]
+    q = _two_bit_256(b[:, 16:80]).astype(np.float32)
+    d = f16_bytes_to_f32(b[:, 80:82])[:, None]
+    dmin = f16_bytes_to_f32(b[:, 82:84])[:, None]
+    dl = np.repeat((d * (sc & 0x0F).astype(np.float32)).astype(np.float32), 16, axis=1)
+    ml = np.repeat((dmin * (sc >> 4).astype(np.float32)).astype(np.float32), 16, axis=1)
+    return ((dl * q).astype(np.float32) - ml).astype(np.float32).reshape(-1)
+
+
+def q3k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K scales [nb, 12] -> [nb, 16] 6-bit values (biased by 32): scale j has its low
+    4 bits in byte j (j < 8, low nibble) or byte j-8 (high nibble), its high 2 bits at
+    bits 2*(j//4) of byte 8 + j%4."""
+    s = s.astype(np.int32)
+    out = np.empty((s.shape[0], 16), dtype=np.int32)
+    for j in range(16):
+        low = (s[:, j] & 0x0F) if j < 8 else (s[:, j - 8] >> 4)
+        high = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+        out[:, j] = low | (high << 4)
+    return out
+
+
+def dequant_q3_k(raw) -> np.ndarray:
+    b = _blocks(raw, 110)
+    hmask = b[:, 0:32].astype(np.int32)
+    q2 = _two_bit_256(b[:, 32:96])
+    sc = q3k_scales(b[:, 96:108]) - 32
+    d = f16_bytes_to_f32(b[:, 108:110])[:, None]
+    # element e: high bit = bit e // 32 of hmask[e % 32]; value q2 - (hbit ? 0 : 4)
+    e = np.arange(256)
+    h = (hmask[:, e % 32] >> (e // 32)) & 1
+    q = (q2 - np.where(h == 1, 0, 4)).astype(np.float32)
+    dl = np.repeat((d * sc.astype(np.float32)).astype(np.float32), 16, axis=1)
+    return (dl * q).astype(np.float32).reshape(-1)
+
+
+def dequant_q5_k(raw) -> np.ndarray:
+    b = _blocks(raw, 176)
+    nb = b.shape[0]
+    d = f16_bytes_to_f32(b[:, 0:2])
+    dmin = f16_bytes_to_f32(b[:, 2:4])
+    sc, mn = q4k_scales_mins(b[:, 4:16])
+    qh = b[:, 16:48].astype(np.int32)
+    qs = b[:, 48:176].reshape(nb, 4, 32).astype(np.int32)
+    nib = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)  # sub-block s = 2c (+1)
+    hb = np.stack([(qh >> s) & 1 for s in range(8)], axis=1)        # [nb, 8, 32]
+    q = (nib + 16 * hb).astype(np.float32)
+    d_sub = (d[:, None] * sc.astype(np.float32)).astype(np.float32)
+    m_sub = (dmin[:, None] * mn.astype(np.float32)).astype(np.float32)
+    y = (d_sub[:, :, None] * q).astype(np.float32) - m_sub[:, :, None]
+    return y.astype(np.float32).reshape(-1)
+
+
 def dequantize(raw, ggml_type: int, n_elems: int) -> np.ndarray:
     """Raw tensor bytes -> float32 1-D array of n_elems values."""
     raw = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
@@ -188,6 +292,16 @@ def dequantize(raw, ggml_type: int, n_elems: int) -> np.ndarray:
         out = dequant_q4_k(raw)
     elif ggml_type == Q6_K:
         out = dequant_q6_k(raw)
+    elif ggml_type == Q5_0:
+        out = dequant_q5_0(raw)
+    elif ggml_type == Q5_1:
+        out = dequant_q5_1(raw)
+    elif ggml_type == Q2_K:
+        out = dequant_q2_k(raw)
+    elif ggml_type == Q3_K:
+        out = dequant_q3_k(raw)
+    elif ggml_type == Q5_K:
+        out = dequant_q5_k(raw)
     else:
         raise NotImplementedError(f"ggml type {ggml_type}")
     assert out.size == n_elems

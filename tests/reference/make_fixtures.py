@@ -377,6 +377,28 @@ def quant_cases():
             + rng.integers(-128, 128, 16).astype(np.int8).tobytes() + f16b(d)
     add("Q6_K", G.Q6_K, raw, "2 super-blocks: random ql[128]/qh[64]/scales[16] (int8) bytes, d random positive f16")
 
+    # 5-bit and the other K-quants: random value/scale bytes, sane f16 scales (a negative d in
+    # one block of each: files hold them)
+    for tname, ttype, nbytes, n in (("Q5_0", G.Q5_0, 22, 5), ("Q5_1", G.Q5_1, 24, 5)):
+        raw = b""
+        for k in range(n):
+            d = float(rng.uniform(0.001, 0.05)) * (-1 if k == 1 else 1)
+            head = f16b(d) + (f16b(float(rng.uniform(-0.5, 0.5))) if ttype == G.Q5_1 else b"")
+            raw += head + rng.integers(0, 256, nbytes - len(head), dtype=np.uint8).tobytes()
+        add(tname, ttype, raw, f"{n} blocks: random qh/qs bytes, random f16 d (one negative)")
+    for tname, ttype, layout in (
+            ("Q2_K", G.Q2_K, [("rand", 80), ("d", 0), ("d", 0)]),
+            ("Q3_K", G.Q3_K, [("rand", 108), ("d", 0)]),
+            ("Q5_K", G.Q5_K, [("d", 0), ("d", 0), ("rand", 172)])):
+        raw = b""
+        for k in range(3):
+            for part, nb in layout:
+                if part == "d":
+                    raw += f16b(float(rng.uniform(0.0005, 0.02)) * (-1 if k == 2 else 1))
+                else:
+                    raw += rng.integers(0, 256, nb, dtype=np.uint8).tobytes()
+        add(tname, ttype, raw, "3 super-blocks: random value/scale bytes, random f16 d (last negative)")
+
     return {
         "format": "llada-rs quant cases v1",
         "description": ("Each case: raw little-endian ggml blocks as hex, and the float32 values that "

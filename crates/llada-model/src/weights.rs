@@ -2,9 +2,9 @@
 //!
 //! A [`Linear`] is either quantized (our batched kernel, [`llada_kernels::QMatrix`]) or dense f32
 //! (a candle tensor: its gemm for wide passes, [`dense_few_rows`] for passes of at most
-//! [`SMALL_M`] rows). Dense F16/BF16/Q6_K inputs are converted at load (candle's bf16 matmul
-//! is unusable on CPUs); `LoadOptions::quantize` can instead requantize them to
-//! Q8_0/Q4_0/Q4_1/Q4_K for speed.
+//! [`SMALL_M`] rows). Every block-quantized GGML type runs natively on its stored blocks;
+//! dense F16/BF16 inputs are widened to f32 at load (candle's bf16 matmul is unusable on
+//! CPUs), and `LoadOptions::quantize` can instead requantize them to any quantized type.
 
 use crate::ModelError;
 use candle_core::{Device, Tensor};
@@ -39,17 +39,9 @@ impl Linear {
             return Ok(Linear::Quant(q));
         }
         let f = v.to_f32();
-        Self::from_f32(
-            f,
-            rows,
-            cols,
-            requant.or(match v.ty {
-                // Q6_K has no kernel of its own: requantize to Q8_0 (error ≈ 0.4% of a row's range).
-                GgmlType::Q6K => Some(GgmlType::Q8_0),
-                _ => None,
-            }),
-        )
-        .map_err(|e| ModelError::Other(format!("{}: tensor '{}': {e}", v.file.display(), v.name)))
+        Self::from_f32(f, rows, cols, requant).map_err(|e| {
+            ModelError::Other(format!("{}: tensor '{}': {e}", v.file.display(), v.name))
+        })
     }
 
     /// Build from a dense row-major matrix, optionally quantizing it.

@@ -39,14 +39,22 @@ pub const SELF_HEAD: &str = "models/smollm2-selfdraft.safetensors";
 /// Where `--draft feature` finds its head.
 pub const FEATURE_HEAD: &str = "models/smollm2-featdraft/head.safetensors";
 
-/// A requantization type by name (`q8_0`, `q4_0`, `q4_1`, `q4_k`); `flag` names the option in
-/// the error.
+/// A requantization type by name (any block-quantized GGML type: `q8_0`, `q4_k`, `q6_k`, …);
+/// `flag` names the option in the error.
 pub fn parse_quant(flag: &str, s: Option<&str>) -> Result<Option<GgmlType>> {
     match s {
         None => Ok(None),
         Some(s) => match GgmlType::from_name(s).filter(|t| QMatrix::supports(*t)) {
             Some(t) => Ok(Some(t)),
-            None => invalid!("{flag} {s}: choose one of q8_0, q4_0, q4_1, q4_k"),
+            None => invalid!(
+                "{flag} {s}: choose one of {}",
+                GgmlType::all()
+                    .iter()
+                    .filter(|t| t.is_quantized())
+                    .map(|t| t.name().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         },
     }
 }

@@ -41,7 +41,8 @@ pub struct ModelArgs {
     /// Worker threads of the dense lane (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Requantize all matrices at load: q8_0, q4_0, q4_1 or q4_k (useful for f16/bf16 checkpoints).
+    /// Requantize all matrices at load to a GGML block type: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k,
+    /// q4_k, q5_k or q6_k (useful for f16/bf16 checkpoints).
     #[arg(long)]
     pub quantize: Option<String>,
     /// Dequantize all weights to f32 at load (reference precision: no 8-bit activations; slow).
