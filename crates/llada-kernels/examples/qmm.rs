@@ -1,22 +1,35 @@
-use llada_kernels::{GgmlType, QMatrix};
+//! Quantized matmul timings: `cargo run --release -p llada-kernels --example qmm [N K [TYPES]]`
+//! (default 4096 × 4096, every quantized type; `LLADA_KERNEL_ISA` picks the path). Prints the
+//! median time and GFLOP/s per type and M, and the weight bytes the kernel streams.
+use llada_kernels::{isa, GgmlType, QMatrix};
 use std::time::Instant;
+
 fn main() {
-    let (n, k) = (4096, 4096);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(4096);
+    let k: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4096);
+    let types: Vec<GgmlType> = match args.get(2) {
+        Some(s) => s.split(',').filter_map(GgmlType::from_name).collect(),
+        None => GgmlType::all()
+            .iter()
+            .copied()
+            .filter(|t| t.is_quantized())
+            .collect(),
+    };
+    println!("isa {}, N {n}, K {k}", isa());
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 2654435761usize) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    for ty in [
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4K,
-    ] {
+    for ty in types {
+        if !k.is_multiple_of(ty.block_elems()) {
+            continue;
+        }
         let q = QMatrix::quantize(ty, n, k, &w).unwrap();
-        for m in [1usize, 8, 32, 128] {
+        for m in [1usize, 8, 16, 32, 64, 128] {
             let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
             let mut out = vec![0f32; m * n];
             q.matmul(&x, m, &mut out);
-            let reps = (200 / m).max(3);
+            let reps = (400 / m).max(5);
             let mut ts = vec![];
             for _ in 0..reps {
                 let t = Instant::now();
@@ -26,9 +39,11 @@ fn main() {
             ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let t = ts[ts.len() / 2];
             println!(
-                "{ty} M={m}: {:.3} ms {:.1} GFLOP/s",
+                "{ty:5} M={m:3}: {:8.3} ms {:6.1} GFLOP/s {:6.2} GB/s weights ({} B)",
                 t * 1e3,
-                2.0 * (m * n * k) as f64 / t / 1e9
+                2.0 * (m * n * k) as f64 / t / 1e9,
+                q.stored_bytes() as f64 / t / 1e9,
+                q.stored_bytes()
             );
         }
     }

@@ -125,7 +125,7 @@ impl QMatrix {
                         Kind::Q4D16 => avx512::range4::<0>(self, x, n0, n1, out.0),
                         Kind::Q4DM16 => avx512::range4::<1>(self, x, n0, n1, out.0),
                         Kind::Q8D16 => avx512::range8(self, x, n0, n1, out.0),
-                        k => plane_range(k, self, x, n0, n1, out.0),
+                        k => plane_range512(k, self, x, n0, n1, out.0),
                     }
                     return;
                 }
@@ -159,6 +159,32 @@ unsafe fn plane_range(
     out: *mut f32,
 ) {
     use x86::planes::range;
+    match k {
+        Kind::Q5D16 => range::<{ Kind::Q5D16 as u8 }>(w, x, n0, n1, out),
+        Kind::Q5DM16 => range::<{ Kind::Q5DM16 as u8 }>(w, x, n0, n1, out),
+        Kind::K4 => range::<{ Kind::K4 as u8 }>(w, x, n0, n1, out),
+        Kind::K5 => range::<{ Kind::K5 as u8 }>(w, x, n0, n1, out),
+        Kind::K6 => range::<{ Kind::K6 as u8 }>(w, x, n0, n1, out),
+        Kind::K3 => range::<{ Kind::K3 as u8 }>(w, x, n0, n1, out),
+        Kind::K2 => range::<{ Kind::K2 as u8 }>(w, x, n0, n1, out),
+        Kind::Q4D16 | Kind::Q4DM16 | Kind::Q8D16 => unreachable!("not a plane kind"),
+    }
+}
+
+/// The AVX-512 VNNI plane kernel of kind `k`.
+///
+/// # Safety
+/// As [`QMatrix::range_on`], with AVX-512 F/BW/VNNI and the AVX2 set present.
+#[cfg(target_arch = "x86_64")]
+unsafe fn plane_range512(
+    k: Kind,
+    w: &QMatrix,
+    x: &QuantizedActs,
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+) {
+    use x86::planes512::range;
     match k {
         Kind::Q5D16 => range::<{ Kind::Q5D16 as u8 }>(w, x, n0, n1, out),
         Kind::Q5DM16 => range::<{ Kind::Q5DM16 as u8 }>(w, x, n0, n1, out),

@@ -1,5 +1,5 @@
 //! x86-64 kernels: [`avx2`] and [`avx512`] (AVX-512 VNNI) tiles over the same packed layouts,
-//! [`planes`] (AVX2) for the 5-bit and K-quant kinds,
+//! [`planes`] (AVX2) and [`planes512`] (AVX-512 VNNI) for the 5-bit and K-quant kinds,
 //! and the loop they share (`drive!`: cache blocks of weight rows, register tiles of
 //! activation rows). Callers pick a module through `isa.rs` and must only call a kernel whose
 //! features the CPU has.
@@ -60,3 +60,5 @@ pub(super) mod avx2;
 pub(super) mod avx512;
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 pub(super) mod planes;
+#[allow(clippy::needless_range_loop)]
+pub(super) mod planes512;

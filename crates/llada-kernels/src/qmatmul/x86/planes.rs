@@ -15,13 +15,13 @@ use crate::qmatmul::repack::Kind;
 use half::f16;
 use std::arch::x86_64::*;
 
-const Q5_0: u8 = Kind::Q5D16 as u8;
-const Q5_1: u8 = Kind::Q5DM16 as u8;
-const K4: u8 = Kind::K4 as u8;
-const K5: u8 = Kind::K5 as u8;
-const K6: u8 = Kind::K6 as u8;
-const K3: u8 = Kind::K3 as u8;
-const K2: u8 = Kind::K2 as u8;
+pub(super) const Q5_0: u8 = Kind::Q5D16 as u8;
+pub(super) const Q5_1: u8 = Kind::Q5DM16 as u8;
+pub(super) const K4: u8 = Kind::K4 as u8;
+pub(super) const K5: u8 = Kind::K5 as u8;
+pub(super) const K6: u8 = Kind::K6 as u8;
+pub(super) const K3: u8 = Kind::K3 as u8;
+pub(super) const K2: u8 = Kind::K2 as u8;
 
 /// 32 bits → 32 bytes, 0xFF where the bit is set (ggml's `bytes_from_bits_32`).
 #[inline]
@@ -43,7 +43,11 @@ unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
 /// elements 16–31 of both blocks).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack<const K: u8>(w: &QMatrix, row: *const u8, pp: usize) -> (__m256i, __m256i) {
+pub(super) unsafe fn unpack<const K: u8>(
+    w: &QMatrix,
+    row: *const u8,
+    pp: usize,
+) -> (__m256i, __m256i) {
     let lay = &w.lay;
     let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
     if !matches!(K, K3 | K2) {
@@ -91,7 +95,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 /// integer scales (K6/K3/K2), and the offset term added to the accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_terms<const K: u8, const MR: usize>(
+pub(super) unsafe fn group_terms<const K: u8, const MR: usize>(
     w: &QMatrix,
     x: &QuantizedActs,
     row: *const u8,
