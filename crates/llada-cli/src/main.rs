@@ -67,8 +67,9 @@ enum Cmd {
     },
     /// Measure prefill/decode speed, memory bandwidth and matmul throughput.
     ///
-    /// Quantized matmuls run on AVX2 by default; `LLADA_KERNEL_ISA=avx512-vnni` (on CPUs that
-    /// have it) or `portable` selects another path for the whole process, e.g. to compare them.
+    /// Quantized matmuls run on the best path this CPU has (AVX-512 VNNI, else AVX2, else
+    /// portable); `LLADA_KERNEL_ISA=avx512-vnni|avx2|portable` selects another for the whole
+    /// process, e.g. to compare them.
     Bench(bench::BenchArgs),
     /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B, LLaMA-3-8B) and random
     /// quantized weights, for speed and memory measurements without a download.

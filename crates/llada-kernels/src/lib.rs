@@ -17,7 +17,7 @@ pub mod types;
 pub mod vecops;
 
 pub use qmatmul::{
-    best_isa, isa, matmul_f32, recycle, set_isa, weight_memory, ActLayout, ByteOwner, Isa, QMatrix,
+    best_isa, isa, isa_reason, matmul_f32, recycle, set_isa, weight_memory, ActLayout, ByteOwner, Isa, QMatrix,
     QMatrixError, QuantizedActs, StagingBytes,
 };
 pub use types::GgmlType;

@@ -1,5 +1,6 @@
 //! Which instruction set the quantized kernels run on: run-time CPU feature detection
-//! ([`best_isa`]) and the process-wide choice ([`isa`], `LLADA_KERNEL_ISA`, [`set_isa`]).
+//! ([`best_isa`]) and the process-wide choice ([`isa`]: the best the CPU has, unless
+//! `LLADA_KERNEL_ISA` or [`set_isa`] asks for another; [`isa_reason`] says which and why).
 //!
 //! Invariants: the choice is process-wide (one path for every pass, [`isa`]) and never exceeds
 //! what the CPU offers: a kernel compiled with `#[target_feature]` runs only where those
@@ -55,33 +56,59 @@ pub fn best_isa() -> Isa {
     Isa::Portable
 }
 
-/// The instruction set the kernels use: AVX2 where the CPU has it (else portable), unless the
+/// The instruction set the kernels use: the best this CPU offers ([`best_isa`]), unless the
 /// environment variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `portable`) or [`set_isa`]
 /// asks for another; a request the CPU cannot serve falls back to the best it has.
 ///
-/// AVX-512 VNNI is opt-in: on batched passes it is faster (prefill ≈ 1.17x, Q8_0 at M ≥ 8
-/// 1.4–2.0x), but on one-row decoding of SmolLM2's shapes it is slower (the 49 152 × 576 Q8_0
-/// head 1.0–1.25 ms against 0.54–0.86 with AVX2, docs/kernels.md), and a process must use one
-/// path for every pass: a tree verification has to reproduce one-row decoding bit for bit, and
-/// the two paths round differently.
+/// One path serves every pass of a process (a tree verification has to reproduce one-row
+/// decoding bit for bit, and the paths round differently), so the choice is per CPU, not per
+/// shape: AVX-512 VNNI where present, whose batched passes are 1.2–2x AVX2's and whose one-row
+/// passes are on par (docs/kernels.md has the table).
 pub fn isa() -> Isa {
     use std::sync::atomic::Ordering;
     match ISA.load(Ordering::Relaxed) {
         1 => Isa::Avx512Vnni,
         2 => Isa::Avx2,
         3 => Isa::Portable,
-        _ => set_isa(match std::env::var("LLADA_KERNEL_ISA").as_deref() {
-            Ok("avx512-vnni") | Ok("avx512") => Isa::Avx512Vnni,
-            Ok("portable") => Isa::Portable,
-            Ok("avx2") | Ok("") | Err(_) => Isa::Avx2,
-            Ok(other) => {
-                eprintln!(
-                    "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2 or portable; \
-                     using avx2"
-                );
-                Isa::Avx2
-            }
-        }),
+        _ => set_isa(requested().unwrap_or_else(best_isa)),
+    }
+}
+
+/// The path `LLADA_KERNEL_ISA` asks for, if it names one.
+fn requested() -> Option<Isa> {
+    match std::env::var("LLADA_KERNEL_ISA").as_deref() {
+        Ok("avx512-vnni") | Ok("avx512") => Some(Isa::Avx512Vnni),
+        Ok("avx2") => Some(Isa::Avx2),
+        Ok("portable") => Some(Isa::Portable),
+        Ok("") | Err(_) => None,
+        Ok(other) => {
+            eprintln!(
+                "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2 or portable; \
+                 using this CPU's best ({})",
+                best_isa()
+            );
+            None
+        }
+    }
+}
+
+/// One line saying which path runs and why (for `llada bench` and `llada info`).
+pub fn isa_reason() -> String {
+    let (now, best) = (isa(), best_isa());
+    let features = match best {
+        Isa::Avx512Vnni => "AVX-512 F/BW/VNNI and AVX2/FMA/F16C detected",
+        Isa::Avx2 => "AVX2/FMA/F16C detected, no AVX-512 VNNI",
+        Isa::Portable => "no SIMD kernel for this CPU",
+    };
+    match requested() {
+        Some(r) if r != now => format!(
+            "{now}: LLADA_KERNEL_ISA asked for {r}, which this CPU lacks ({features})"
+        ),
+        Some(_) if now != best => {
+            format!("{now}: chosen by LLADA_KERNEL_ISA (this CPU's best: {best}; {features})")
+        }
+        _ if now != best => format!("{now}: chosen by the program (this CPU's best: {best})"),
+        _ => format!("{now}: this CPU's best ({features})"),
     }
 }
 
