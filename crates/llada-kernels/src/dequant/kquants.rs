@@ -123,23 +123,3 @@ pub(crate) fn q5k_value(b: &[u8], e: usize) -> u8 {
     let q = b[48 + 32 * (s / 2) + l] >> (4 * (s % 2)) & 0xF;
     q | (((b[16 + l] >> s) & 1) << 4)
 }
-
-/// Element `e`'s 4-bit value of a Q4_K block (`qs` at byte 16, as Q5_K's nibbles).
-#[inline]
-pub(crate) fn q4k_value(b: &[u8], e: usize) -> u8 {
-    let (s, l) = (e / 32, e % 32);
-    b[16 + 32 * (s / 2) + l] >> (4 * (s % 2)) & 0xF
-}
-
-/// Element `e`'s 6-bit value (0..64, stored biased by 32) of a Q6_K block: in each half of
-/// 128, `ql[64]` holds the low nibbles of elements `l` and `l + 64` (`l < 32`: low / high
-/// nibble of byte `l`; `l + 32`, `l + 96`: of byte `l + 32`), `qh[32]` their 2 high bits at
-/// offsets 0, 2, 4, 6 for elements `l`, `l + 32`, `l + 64`, `l + 96`.
-#[inline]
-pub(crate) fn q6k_value(b: &[u8], e: usize) -> u8 {
-    let (half, r) = (e / 128, e % 128);
-    let (k, l) = (r / 32, r % 32);
-    let ql = b[64 * half + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
-    let qh = (b[128 + 32 * half + l] >> (2 * k)) & 3;
-    ql | (qh << 4)
-}

@@ -101,9 +101,9 @@ pub fn isa_reason() -> String {
         Isa::Portable => "no SIMD kernel for this CPU",
     };
     match requested() {
-        Some(r) if r != now => format!(
-            "{now}: LLADA_KERNEL_ISA asked for {r}, which this CPU lacks ({features})"
-        ),
+        Some(r) if r != now => {
+            format!("{now}: LLADA_KERNEL_ISA asked for {r}, which this CPU lacks ({features})")
+        }
         Some(_) if now != best => {
             format!("{now}: chosen by LLADA_KERNEL_ISA (this CPU's best: {best}; {features})")
         }

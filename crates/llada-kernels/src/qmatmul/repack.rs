@@ -25,8 +25,7 @@
 //! Invariants: every byte of a packed row is written, padding as zeros, because an arena
 //! hands out old bytes.
 
-use crate::dequant::kquants::q6k_value;
-use crate::dequant::kquants::{q2k_value, q3k_scales, q3k_value, q4k_value, q5_pair, q5k_value};
+use crate::dequant::kquants::{q2k_value, q3k_scales, q3k_value};
 use crate::dequant::q4k_scale_min;
 use crate::types::GgmlType;
 use half::f16;
@@ -222,32 +221,14 @@ fn zero_padding(lay: &Layout, row: &mut [u8]) {
     row[qbytes + arrays * lay.nbp * 2..].fill(0);
 }
 
-/// Repack the plane kinds: decode each block's unsigned values and scales from the GGML row,
-/// then write the planes and the scale arrays or headers.
+/// Repack the plane kinds. Q5_0/Q5_1, Q4_K, Q5_K and Q6_K (the types real files hold) move
+/// whole words from the GGML bytes to the planes — a streamed model repacks every streamed
+/// layer on every pass; Q2_K and Q3_K decode each super-block's values and write the planes.
 fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
     dst.fill(0);
-    let mut v = vec![0u8; lay.nbe * 32];
     match lay.kind {
-        Kind::Q5D16 | Kind::Q5DM16 => {
-            let (bb, o) = if lay.kind == Kind::Q5D16 {
-                (22, 2)
-            } else {
-                (24, 4)
-            };
-            for (b, blk) in s.chunks_exact(bb).take(lay.nb).enumerate() {
-                let qh = u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
-                for j in 0..16 {
-                    let (lo, hi) = q5_pair(blk[o + 4 + j], qh, j);
-                    v[32 * b + j] = lo as u8;
-                    v[32 * b + 16 + j] = hi as u8;
-                }
-                dst[lay.sc + 2 * b..lay.sc + 2 * b + 2].copy_from_slice(&blk[0..2]);
-                if o == 4 {
-                    let m = lay.sc + 2 * lay.nbp + 2 * b;
-                    dst[m..m + 2].copy_from_slice(&blk[2..4]);
-                }
-            }
-        }
+        Kind::Q5D16 => repack_q5(lay, s, dst, 22),
+        Kind::Q5DM16 => repack_q5(lay, s, dst, 24),
         k => {
             let bb = match k {
                 Kind::K4 => 144,
@@ -257,23 +238,114 @@ fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
                 _ => 84,
             };
             for (sb, blk) in s.chunks_exact(bb).take(lay.nb / 8).enumerate() {
-                let vals = &mut v[256 * sb..256 * sb + 256];
-                let value: fn(&[u8], usize) -> u8 = match k {
-                    Kind::K4 => q4k_value,
-                    Kind::K5 => q5k_value,
-                    Kind::K6 => q6k_value,
-                    Kind::K3 => q3k_value,
-                    _ => |b, e| q2k_value(&b[16..80], e),
-                };
-                for (e, x) in vals.iter_mut().enumerate() {
-                    *x = value(blk, e);
+                match k {
+                    Kind::K4 => nibbles_k(&blk[16..144], &mut dst[lay.nib + 128 * sb..]),
+                    Kind::K5 => {
+                        nibbles_k(&blk[48..176], &mut dst[lay.nib + 128 * sb..]);
+                        bits_k5(&blk[16..48], &mut dst[lay.bit + 32 * sb..]);
+                    }
+                    Kind::K6 => planes_k6(blk, dst, lay.nib + 128 * sb, lay.two + 64 * sb),
+                    _ => {
+                        let value: fn(&[u8], usize) -> u8 = match k {
+                            Kind::K3 => q3k_value,
+                            _ => |b, e| q2k_value(&b[16..80], e),
+                        };
+                        let mut v = [0u8; 256];
+                        for (e, x) in v.iter_mut().enumerate() {
+                            *x = value(blk, e);
+                        }
+                        write_planes(lay, &v, 8 * sb, dst);
+                    }
                 }
                 let h = lay.sc + sb * k.header();
                 header(k, blk, &mut dst[h..h + k.header()]);
             }
         }
     }
-    write_planes(lay, &v, dst);
+}
+
+/// Q5_0/Q5_1 (`bb`-byte blocks): the nibbles are already in plane order; the high bits of a
+/// pair (A, B) become `A[0..16] | B[0..16] << 16` and `A[16..32] | B[16..32] << 16`.
+fn repack_q5(lay: &Layout, s: &[u8], dst: &mut [u8], bb: usize) {
+    let o = bb - 20;
+    let qh = |b: usize| -> u32 {
+        if b >= lay.nb {
+            return 0;
+        }
+        let p = b * bb + o;
+        u32::from_le_bytes([s[p], s[p + 1], s[p + 2], s[p + 3]])
+    };
+    for (b, blk) in s.chunks_exact(bb).take(lay.nb).enumerate() {
+        dst[lay.nib + 16 * b..lay.nib + 16 * b + 16].copy_from_slice(&blk[o + 4..o + 20]);
+        dst[lay.sc + 2 * b..lay.sc + 2 * b + 2].copy_from_slice(&blk[0..2]);
+        if bb == 24 {
+            let m = lay.sc + 2 * lay.nbp + 2 * b;
+            dst[m..m + 2].copy_from_slice(&blk[2..4]);
+        }
+    }
+    for p in 0..lay.nbe / 2 {
+        let (a, b) = (qh(2 * p), qh(2 * p + 1));
+        let w = lay.bit + 8 * p;
+        dst[w..w + 4].copy_from_slice(&((a & 0xFFFF) | (b << 16)).to_le_bytes());
+        dst[w + 4..w + 8].copy_from_slice(&((a >> 16) | (b & 0xFFFF_0000)).to_le_bytes());
+    }
+}
+
+/// 128 bytes of Q4_K/Q5_K nibbles (`qs[32c + l]`: sub-block 2c low, 2c+1 high) → the nibble
+/// plane of 8 blocks (byte `j` of a block = element `j` | element `16 + j` << 4).
+fn nibbles_k(qs: &[u8], out: &mut [u8]) {
+    for c in 0..4 {
+        let q = &qs[32 * c..32 * c + 32];
+        let (even, odd) = out[32 * c..32 * c + 32].split_at_mut(16);
+        for j in 0..16 {
+            let (lo, hi) = (q[j], q[16 + j]);
+            even[j] = (lo & 0x0F) | (hi << 4);
+            odd[j] = (lo >> 4) | (hi & 0xF0);
+        }
+    }
+}
+
+/// Q5_K's `qh[32]` (bit `s` of byte `l` = 5th bit of sub-block `s`, element `l`) → the bit
+/// plane of 4 pairs.
+fn bits_k5(qh: &[u8], out: &mut [u8]) {
+    for c in 0..4 {
+        let (mut lo, mut hi) = (0u32, 0u32);
+        for j in 0..16 {
+            let (x, y) = (qh[j] >> (2 * c), qh[16 + j] >> (2 * c));
+            lo |= ((x & 1) as u32) << j | (((x >> 1) & 1) as u32) << (16 + j);
+            hi |= ((y & 1) as u32) << j | (((y >> 1) & 1) as u32) << (16 + j);
+        }
+        out[8 * c..8 * c + 4].copy_from_slice(&lo.to_le_bytes());
+        out[8 * c + 4..8 * c + 8].copy_from_slice(&hi.to_le_bytes());
+    }
+}
+
+/// A Q6_K super-block → 8 blocks of nibble plane at `out[nib..nib + 128]` and 4 pairs of
+/// two-bit plane at `out[two..two + 64]`. Block `4h + k` (half `h`, `k` 0..4) takes the low (`k` < 2)
+/// or high nibbles of `ql[64h + 32(k % 2)..]` and bits `2k` of `qh[32h..]`.
+fn planes_k6(b: &[u8], out: &mut [u8], nib: usize, two: usize) {
+    for h in 0..2 {
+        for k in 0..4 {
+            let src = &b[64 * h + 32 * (k % 2)..64 * h + 32 * (k % 2) + 32];
+            let o = nib + 16 * (4 * h + k);
+            for j in 0..16 {
+                let (lo, hi) = (src[j], src[16 + j]);
+                out[o + j] = if k < 2 {
+                    (lo & 0x0F) | (hi << 4)
+                } else {
+                    (lo >> 4) | (hi & 0xF0)
+                };
+            }
+        }
+        let qh = &b[128 + 32 * h..160 + 32 * h];
+        for kp in 0..2 {
+            let o = two + 16 * (2 * h + kp);
+            for j in 0..16 {
+                let sh = 4 * kp;
+                out[o + j] = ((qh[j] >> sh) & 0xF) | (((qh[16 + j] >> sh) & 0xF) << 4);
+            }
+        }
+    }
 }
 
 /// A K-quant super-block header (module docs) from GGML block `b`.
@@ -304,24 +376,25 @@ fn header(k: Kind, b: &[u8], h: &mut [u8]) {
     }
 }
 
-/// Write the value planes of `lay.kind` from unsigned values `v` (`nbe · 32`, zero-padded).
-fn write_planes(lay: &Layout, v: &[u8], dst: &mut [u8]) {
+/// Write the value planes of `lay.kind` for the 8 blocks from block `b0` on, from their 256
+/// unsigned values `v`.
+fn write_planes(lay: &Layout, v: &[u8; 256], b0: usize, dst: &mut [u8]) {
     let (has_nib, has_two, has_bit) = lay.kind.planes();
     // The bits each plane takes from a value.
     let (two_shift, bit_shift) = match lay.kind {
         Kind::K6 => (4, 0),
         Kind::K3 => (0, 2),
-        Kind::K2 => (0, 0),
         _ => (0, 4),
     };
     if has_nib {
         for (b, blk) in v.chunks_exact(32).enumerate() {
             for l in 0..16 {
-                dst[lay.nib + 16 * b + l] = (blk[l] & 0xF) | ((blk[16 + l] & 0xF) << 4);
+                dst[lay.nib + 16 * (b0 + b) + l] = (blk[l] & 0xF) | ((blk[16 + l] & 0xF) << 4);
             }
         }
     }
     for (p, pair) in v.chunks_exact(64).enumerate() {
+        let p = b0 / 2 + p;
         let (a, b) = pair.split_at(32);
         if has_two {
             let t = |x: u8| (x >> two_shift) & 3;
