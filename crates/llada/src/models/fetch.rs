@@ -181,7 +181,7 @@ fn fetch_bar(quiet: bool) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
     pb.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} {msg} [{elapsed}] {bytes}/{total_bytes} {wide_bar} {eta}",
+            "{spinner} {msg} [{elapsed}] {decimal_bytes}/{decimal_total_bytes} {wide_bar} {eta}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
