@@ -44,20 +44,20 @@ impl ChatTemplate {
     /// `tokenizer_config.json`'s `chat_template`).
     pub fn detect(jinja: &str) -> Self {
         if jinja.contains("<|im_start|>") {
-            // The SmolLM2 and Qwen templates embed their default system prompt as a literal.
-            let default_system = jinja
-                .find("<|im_start|>system\\n")
-                .or(jinja.find("<|im_start|>system\n"))
-                .and_then(|i| {
-                    let rest = &jinja[i..];
-                    let start = rest
-                        .find('\n')
-                        .map(|p| p + 1)
-                        .or(rest.find("\\n").map(|p| p + 2))?;
-                    let end = rest.find("<|im_end|>")?;
-                    let s = rest.get(start..end)?;
-                    (!s.contains("{{") && !s.contains("{%") && !s.is_empty()).then(|| s.to_string())
-                });
+            // The SmolLM2 and Qwen templates embed their default system prompt as a literal;
+            // Qwen2.5's first `<|im_start|>system` opens its tools branch (Jinja follows), so
+            // the first occurrence followed by a literal up to `<|im_end|>` is the one.
+            let default_system = ["<|im_start|>system\\n", "<|im_start|>system\n"]
+                .iter()
+                .flat_map(|pat| jinja.match_indices(pat).map(move |(i, _)| (i, pat.len())))
+                .filter_map(|(i, len)| {
+                    let rest = &jinja[i + len..];
+                    let s = rest.get(..rest.find("<|im_end|>")?)?;
+                    (!s.contains("{{") && !s.contains("{%") && !s.contains('\'') && !s.is_empty())
+                        .then(|| (i, s.to_string()))
+                })
+                .min_by_key(|(i, _)| *i)
+                .map(|(_, s)| s);
             ChatTemplate::ChatMl { default_system }
         } else if jinja.contains("<|start_header_id|>") {
             ChatTemplate::Llama3 {
@@ -477,6 +477,16 @@ mod tests {
     #[test]
     fn chatml_inserts_default_system() {
         let j = "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are helpful<|im_end|>\\n' }}{% endif %}<|im_start|>";
+        // Qwen2.5's: a tools branch first, whose system turn continues in Jinja.
+        let qwen = "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen.' }}{%- endif %}{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}";
+        assert_eq!(
+            ChatTemplate::detect(qwen),
+            ChatTemplate::ChatMl {
+                default_system: Some(
+                    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.".into()
+                )
+            }
+        );
         let t = ChatTemplate::detect(j);
         assert_eq!(
             t,
