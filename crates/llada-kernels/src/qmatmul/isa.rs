@@ -5,7 +5,8 @@
 //! Invariants: the choice is process-wide (one path for every pass, [`isa`]) and never exceeds
 //! what the CPU offers: a kernel compiled with `#[target_feature]` runs only where those
 //! features were detected, and the features checked here are the `#[target_feature]` sets of
-//! `x86/avx2.rs` and `x86/avx512.rs`.
+//! `x86/avx2.rs`, `x86/avx512.rs` and `arm/neon.rs` (`dotprod`; NEON itself is baseline on
+//! aarch64). A request for another architecture's set falls back to the best this CPU has.
 
 /// Instruction set the quantized kernels run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -15,6 +16,11 @@ pub enum Isa {
     Avx512Vnni,
     /// 256-bit registers, `vpmaddubsw` + `vpmaddwd` (AVX2/FMA/F16C).
     Avx2,
+    /// aarch64 NEON with the dot-product extension (`sdot`; Armv8.2+ cores such as Cortex-A55,
+    /// A75, A76 and later, Apple M1 and later).
+    NeonDot,
+    /// aarch64 NEON without `sdot` (`smull` + `sadalp`; Cortex-A53, A72, A73).
+    Neon,
     /// Scalar Rust, the same integer sums (other CPUs).
     Portable,
 }
@@ -25,11 +31,29 @@ impl Isa {
         match self {
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Avx2 => "avx2",
+            Isa::NeonDot => "neon-dot",
+            Isa::Neon => "neon",
             Isa::Portable => "portable",
         }
     }
+    /// Every variant, in declaration order (`code` indexes it).
+    const ALL: [Isa; 5] = [
+        Isa::Avx512Vnni,
+        Isa::Avx2,
+        Isa::NeonDot,
+        Isa::Neon,
+        Isa::Portable,
+    ];
     fn code(self) -> u8 {
         self as u8 + 1
+    }
+    /// Whether this build has kernels for `self` (the CPU may still lack its features).
+    fn compiled(self) -> bool {
+        match self {
+            Isa::Avx512Vnni | Isa::Avx2 => cfg!(target_arch = "x86_64"),
+            Isa::NeonDot | Isa::Neon => cfg!(target_arch = "aarch64"),
+            Isa::Portable => true,
+        }
     }
 }
 
@@ -53,12 +77,22 @@ pub fn best_isa() -> Isa {
             return Isa::Avx2;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if dotprod_available() {
+            return Isa::NeonDot;
+        }
+        return Isa::Neon;
+    }
+    #[allow(unreachable_code)]
     Isa::Portable
 }
 
 /// The instruction set the kernels use: the best this CPU offers ([`best_isa`]), unless the
-/// environment variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `portable`) or [`set_isa`]
-/// asks for another; a request the CPU cannot serve falls back to the best it has.
+/// environment variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `neon-dot`, `neon`,
+/// `portable`) or [`set_isa`] asks for another; a request the CPU cannot serve falls back to the
+/// best it has. The two NEON paths compute the same sums in the same order: their results are
+/// bit for bit equal.
 ///
 /// One path serves every pass of a process (a tree verification has to reproduce one-row
 /// decoding bit for bit, and the paths round differently), so the choice is per CPU, not per
@@ -67,10 +101,8 @@ pub fn best_isa() -> Isa {
 pub fn isa() -> Isa {
     use std::sync::atomic::Ordering;
     match ISA.load(Ordering::Relaxed) {
-        1 => Isa::Avx512Vnni,
-        2 => Isa::Avx2,
-        3 => Isa::Portable,
-        _ => set_isa(requested().unwrap_or_else(best_isa)),
+        0 => set_isa(requested().unwrap_or_else(best_isa)),
+        code => Isa::ALL[code as usize - 1],
     }
 }
 
@@ -79,12 +111,14 @@ fn requested() -> Option<Isa> {
     match std::env::var("LLADA_KERNEL_ISA").as_deref() {
         Ok("avx512-vnni") | Ok("avx512") => Some(Isa::Avx512Vnni),
         Ok("avx2") => Some(Isa::Avx2),
+        Ok("neon-dot") | Ok("dotprod") => Some(Isa::NeonDot),
+        Ok("neon") => Some(Isa::Neon),
         Ok("portable") => Some(Isa::Portable),
         Ok("") | Err(_) => None,
         Ok(other) => {
             eprintln!(
-                "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2 or portable; \
-                 using this CPU's best ({})",
+                "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2, neon-dot, neon or \
+                 portable; using this CPU's best ({})",
                 best_isa()
             );
             None
@@ -98,6 +132,8 @@ pub fn isa_reason() -> String {
     let features = match best {
         Isa::Avx512Vnni => "AVX-512 F/BW/VNNI and AVX2/FMA/F16C detected",
         Isa::Avx2 => "AVX2/FMA/F16C detected, no AVX-512 VNNI",
+        Isa::NeonDot => "NEON and the dot-product extension detected",
+        Isa::Neon => "NEON, no dot-product extension",
         Isa::Portable => "no SIMD kernel for this CPU",
     };
     match requested() {
@@ -117,9 +153,19 @@ pub fn isa_reason() -> String {
 /// two paths round differently, and a tree verification must reproduce one-row decoding bit
 /// for bit (benchmarks switch between whole runs).
 pub fn set_isa(wanted: Isa) -> Isa {
-    let chosen = wanted.max(best_isa());
+    let chosen = choose(wanted);
     ISA.store(chosen.code(), std::sync::atomic::Ordering::Relaxed);
     chosen
+}
+
+/// What [`set_isa`] picks for `wanted`: `wanted`, or the best this CPU offers where it lacks
+/// `wanted` (another architecture's set included).
+pub(super) fn choose(wanted: Isa) -> Isa {
+    if wanted.compiled() {
+        wanted.max(best_isa())
+    } else {
+        best_isa()
+    }
 }
 
 /// AVX2, FMA and F16C: the features of the [`Isa::Avx2`] kernels.
@@ -146,4 +192,12 @@ fn avx512_vnni_available() -> bool {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")
     })
+}
+
+/// The dot-product extension (`sdot`): the feature the [`Isa::NeonDot`] kernels add to NEON.
+#[cfg(target_arch = "aarch64")]
+fn dotprod_available() -> bool {
+    use std::sync::OnceLock;
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| std::arch::is_aarch64_feature_detected!("dotprod"))
 }

@@ -29,6 +29,8 @@
 //! * this file: the public API and the dispatch (threads, then the kernel of the chosen ISA).
 
 mod acts;
+#[cfg(target_arch = "aarch64")]
+mod arm;
 mod buffers;
 mod isa;
 mod matrix;
@@ -138,7 +140,24 @@ impl QMatrix {
                     }
                     return;
                 }
-                Isa::Portable => {}
+                Isa::NeonDot | Isa::Neon | Isa::Portable => {}
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            use arm::neon;
+            let dot = isa == Isa::NeonDot;
+            if dot || isa == Isa::Neon {
+                match (self.kind, dot) {
+                    (Kind::Q4D16, true) => return neon::range4_dot::<0>(self, x, n0, n1, out.0),
+                    (Kind::Q4D16, false) => return neon::range4::<0>(self, x, n0, n1, out.0),
+                    (Kind::Q4DM16, true) => return neon::range4_dot::<1>(self, x, n0, n1, out.0),
+                    (Kind::Q4DM16, false) => return neon::range4::<1>(self, x, n0, n1, out.0),
+                    (Kind::Q8D16, true) => return neon::range8_dot(self, x, n0, n1, out.0),
+                    (Kind::Q8D16, false) => return neon::range8(self, x, n0, n1, out.0),
+                    // The plane kinds (Q5_0, Q5_1, K-quants) have no NEON tiles yet: portable.
+                    _ => {}
+                }
             }
         }
         portable_range(self, x, n0, n1, out.0)

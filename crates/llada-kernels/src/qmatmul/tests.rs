@@ -232,3 +232,219 @@ fn rejects_bad_shapes() {
         ));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// NEON (aarch64): `cargo test --release -p llada-kernels --target aarch64-unknown-linux-gnu`
+// runs these under qemu on other hosts (.cargo/config.toml, scripts/test.sh).
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn isa_requests_for_other_architectures_fall_back_to_the_best() {
+    use super::isa::choose;
+    let best = best_isa();
+    assert_eq!(choose(Isa::Portable), Isa::Portable);
+    assert_eq!(choose(best), best);
+    let foreign: &[Isa] = if cfg!(target_arch = "aarch64") {
+        &[Isa::Avx512Vnni, Isa::Avx2]
+    } else {
+        &[Isa::NeonDot, Isa::Neon]
+    };
+    for &isa in foreign {
+        assert_eq!(choose(isa), best, "{isa} requested on another architecture");
+    }
+    if cfg!(target_arch = "aarch64") {
+        // NEON is baseline on aarch64; only `sdot` depends on the CPU.
+        assert!(matches!(best, Isa::NeonDot | Isa::Neon), "best is {best}");
+        assert_eq!(choose(Isa::Neon), Isa::Neon);
+        assert_eq!(choose(Isa::NeonDot), best);
+    }
+}
+
+/// The ISA the kernels run on is the one the runner promises (`LLADA_EXPECT_ISA`, set by the
+/// qemu runner of .cargo/config.toml to `neon-dot` for `-cpu max`), and never portable on
+/// aarch64: a silent fall back would leave the NEON kernels untested.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_is_selected_on_aarch64() {
+    let best = best_isa();
+    assert_ne!(best, Isa::Portable);
+    if let Ok(want) = std::env::var("LLADA_EXPECT_ISA") {
+        assert_eq!(
+            best.name(),
+            want,
+            "the CPU (emulator) offers {best}, not {want}"
+        );
+    }
+    if std::env::var_os("LLADA_KERNEL_ISA").is_none() {
+        assert_eq!(isa(), best, "the default is not the best NEON path");
+    }
+}
+
+/// Random GGML rows with the whole integer range of each type (Q8_0 values −128..127, every
+/// nibble) and random positive/negative scales and offsets.
+#[cfg(target_arch = "aarch64")]
+fn random_raw(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let mut raw = Vec::new();
+    for _ in 0..rows * cols / 32 {
+        raw.extend(f16(rng.random_range(-0.05..0.05)));
+        match ty {
+            GgmlType::Q8_0 => raw.extend((0..32).map(|_| rng.random::<u8>())),
+            _ => {
+                if ty == GgmlType::Q4_1 {
+                    raw.extend(f16(rng.random_range(-0.5..0.5)));
+                }
+                raw.extend((0..16).map(|_| rng.random::<u8>()));
+            }
+        }
+    }
+    assert_eq!(raw.len(), rows * cols / 32 * ty.block_bytes());
+    raw
+}
+
+/// Per output, the sum of the magnitudes of the portable kernel's block terms
+/// (`a·d_x·sc·Σq_wq_x`, `a·d_x·sc·bias·Σq_x`, `off·d_x·mn·Σq_x`): the scale of the rounding
+/// error any summation order of them may make.
+#[cfg(target_arch = "aarch64")]
+fn term_magnitudes(q: &QMatrix, acts: &QuantizedActs) -> Vec<f64> {
+    let (m, n) = (acts.m, q.rows);
+    let mut mag = vec![0f64; m * n];
+    let mut vals = [0i32; 32];
+    for j in 0..n {
+        let row = q.row(j);
+        for b in 0..q.nb {
+            let t = q.block(row, b, &mut vals);
+            for i in 0..m {
+                let dx = acts.d[i * acts.nbp + b] as f64;
+                for h in 0..2 {
+                    let dot: i64 = (16 * h..16 * h + 16)
+                        .map(|l| (vals[l] * acts.q(i, b, l)) as i64)
+                        .sum();
+                    let xs = acts.half_sum(i, b, h) as f64;
+                    let (a, sc, mn) = (t.a as f64, t.sc[h] as f64, t.mn[h] as f64);
+                    mag[i * n + j] += (a * dx * sc * dot as f64).abs()
+                        + (a * dx * sc * t.bias as f64 * xs).abs()
+                        + (t.off as f64 * dx * mn * xs).abs();
+                }
+            }
+        }
+    }
+    mag
+}
+
+/// Both NEON paths (`sdot` where the CPU has it, and plain NEON) against the portable kernel:
+/// the same integer sums (float accumulation order differs: lanes, FMA), every M from 1 to 9 and
+/// 16, 33, 64 (every register-tile shape and remainder), widths of 3, 5, 7, 18 and 28 blocks
+/// (odd block counts, partial groups of 4), odd row counts, column ranges split as the threads
+/// split them. The two paths agree bit for bit, and each activation row alone gives its row of
+/// the batch bit for bit (speculative verification reproduces one-row decoding).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_kernels_match_portable() {
+    use super::isa::choose;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(65);
+    let isas: Vec<Isa> = [Isa::NeonDot, Isa::Neon]
+        .into_iter()
+        .filter(|&isa| {
+            let ok = choose(isa) == isa;
+            if !ok {
+                eprintln!("this CPU lacks {isa}; its kernels are not checked here");
+            }
+            ok
+        })
+        .collect();
+    assert!(isas.contains(&Isa::Neon));
+    let ms: Vec<usize> = (1..=9).chain([16, 33, 64]).collect();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (n, k) in [(37, 96), (5, 160), (9, 224), (37, 576), (21, 896)] {
+            let q = QMatrix::new(ty, n, k, Arc::new(random_raw(ty, n, k, &mut rng)), 0).unwrap();
+            for &m in &ms {
+                // Activations with outliers, so that some blocks reach ±127.
+                let x: Vec<f32> = (0..m * k)
+                    .map(|_| {
+                        let v: f32 = rng.random_range(-1.0..1.0);
+                        if rng.random_range(0..50) == 0 {
+                            v * 40.0
+                        } else {
+                            v
+                        }
+                    })
+                    .collect();
+                let acts = QuantizedActs::quantize(&x, m, k, q.act_layout());
+                let mag = term_magnitudes(&q, &acts);
+                let mut port = vec![0f32; m * n];
+                unsafe { portable_range(&q, &acts, 0, n, port.as_mut_ptr()) };
+                let mut first: Option<Vec<f32>> = None;
+                for &isa in &isas {
+                    for chunk in [n, 7, 45] {
+                        let mut got = vec![f32::NAN; m * n];
+                        for n0 in (0..n).step_by(chunk) {
+                            let ptr = SendPtr(got.as_mut_ptr());
+                            unsafe { q.range_on(isa, &acts, n0, (n0 + chunk).min(n), ptr) };
+                        }
+                        for (j, ((a, b), t)) in port.iter().zip(&got).zip(&mag).enumerate() {
+                            assert!(
+                                ((a - b).abs() as f64) <= 1e-5 * t + 1e-30,
+                                "{ty} {isa} m={m} n={n} k={k} chunk={chunk} out {j}: \
+                                 portable {a} vs {b} (terms {t})"
+                            );
+                        }
+                        match &first {
+                            None => first = Some(got),
+                            Some(f) => assert!(
+                                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{ty} {isa} m={m} n={n} k={k} chunk={chunk}: differs bitwise \
+                                 from {}",
+                                isas[0]
+                            ),
+                        }
+                    }
+                    let batch = first.as_ref().unwrap();
+                    for i in 0..m {
+                        let one =
+                            QuantizedActs::quantize(&x[i * k..(i + 1) * k], 1, k, q.act_layout());
+                        let mut row = vec![f32::NAN; n];
+                        unsafe { q.range_on(isa, &one, 0, n, SendPtr(row.as_mut_ptr())) };
+                        assert!(
+                            row.iter()
+                                .zip(&batch[i * n..(i + 1) * n])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{ty} m={m} n={n} k={k} {isa}: row {i} alone differs from the batch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q4_K has no NEON tiles yet: on a NEON ISA it runs the portable kernel, bit for bit.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_isas_run_q4k_on_the_portable_kernel() {
+    let (m, n, k) = (3, 11, 512);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(66);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let q = QMatrix::new(
+        GgmlType::Q4K,
+        n,
+        k,
+        Arc::new(random_quantized(GgmlType::Q4K, n, k, 9)),
+        0,
+    )
+    .unwrap();
+    let acts = QuantizedActs::quantize(&x, m, k, q.act_layout());
+    let mut port = vec![0f32; m * n];
+    unsafe { portable_range(&q, &acts, 0, n, port.as_mut_ptr()) };
+    for isa in [Isa::NeonDot, Isa::Neon] {
+        if super::isa::choose(isa) != isa {
+            continue;
+        }
+        let mut got = vec![f32::NAN; m * n];
+        unsafe { q.range_on(isa, &acts, 0, n, SendPtr(got.as_mut_ptr())) };
+        assert!(port
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
