@@ -24,6 +24,11 @@ use std::marker::PhantomData;
 /// vector of four partial sums whose total is exact (|Σ| < 2²⁰).
 pub(super) trait Dot {
     unsafe fn block(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t;
+    /// As [`Dot::block`] with `w0`, `w1` in 0..15 (4-bit values).
+    #[inline(always)]
+    unsafe fn block4(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
+        Self::block(w0, x0, w1, x1)
+    }
 }
 
 /// `sdot`: needs the `dotprod` feature in the function it is inlined into.
@@ -62,6 +67,14 @@ impl Dot for Mull {
         );
         let hi = vmlal_high_s8(vmull_high_s8(w0, x0), w1, x1);
         vpadalq_s16(vpaddlq_s16(lo), hi)
+    }
+    /// Four products per 16-bit lane (|Σ| ≤ 4·15·127).
+    #[inline(always)]
+    unsafe fn block4(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
+        let p = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
+        let p = vmlal_high_s8(p, w0, x0);
+        let p = vmlal_s8(p, vget_low_s8(w1), vget_low_s8(x1));
+        vpaddlq_s16(vmlal_high_s8(p, w1, x1))
     }
 }
 
@@ -221,8 +234,8 @@ impl<D: Dot, const T: u8> Q4<D, T> {
             let hi_b = vreinterpretq_s8_u8(vshrq_n_u8::<4>(wb));
             for c in 0..MR {
                 let xp = x.qs.as_ptr().add((i + c) * x.qstride + b * 32);
-                let sa = D::block(lo_a, vld1q_s8(xp), hi_a, vld1q_s8(xp.add(32)));
-                let sb = D::block(lo_b, vld1q_s8(xp.add(16)), hi_b, vld1q_s8(xp.add(48)));
+                let sa = D::block4(lo_a, vld1q_s8(xp), hi_a, vld1q_s8(xp.add(32)));
+                let sb = D::block4(lo_b, vld1q_s8(xp.add(16)), hi_b, vld1q_s8(xp.add(48)));
                 s[r][c] = vpaddq_s32(sa, sb);
             }
         }
