@@ -25,6 +25,23 @@ fi
 cargo test --release --workspace
 # The library's first screen of docs, run: every mode through the facade.
 cargo run --release --quiet -p llada --example embed
+# --- aarch64 (NEON) kernels under qemu-user ------------------------------------------------------
+# llada-kernels cross-compiled for 64-bit ARM, its tests run under `qemu-aarch64 -cpu max`
+# (.cargo/config.toml: linker and runner; `-cpu max` has dotprod, so both NEON paths are checked).
+if [ "$(uname -m)" != aarch64 ] &&
+  ! { command -v qemu-aarch64 && command -v aarch64-linux-gnu-gcc; } >/dev/null; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+fi
+rustup target list --installed | grep -qx aarch64-unknown-linux-gnu ||
+  rustup target add aarch64-unknown-linux-gnu
+if [ "${1:-}" = "--ci" ] || [ -n "${LLADA_LINT:-}" ]; then
+  cargo clippy --release -p llada-kernels --all-targets --target aarch64-unknown-linux-gnu \
+    -- -D warnings
+fi
+cargo test --release -p llada-kernels --target aarch64-unknown-linux-gnu
+# --- end aarch64 ----------------------------------------------------------------------------------
 if [ "${1:-}" = "--ci" ]; then
   scripts/newcomer.sh
 fi
