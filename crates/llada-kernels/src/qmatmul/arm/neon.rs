@@ -2,7 +2,7 @@
 //!
 //! Per block of 32 the integer dot product `Σ q_w·q_x` is computed by a [`Dot`]: [`Sdot`]
 //! (`sdot`, the dot-product extension) or [`Mull`] (`smull`/`smlal` + `sadalp`, plain NEON).
-//! 4-bit values stay unsigned (0..15 fits `i8`), as in every kernel: the offset (Q4_0's −8·d,
+//! 4-bit values stay unsigned (0..15 fits `i8`), as in the x86 kernels: the offset (Q4_0's −8·d,
 //! Q4_1's m) is the per-block term `m_w · s_x` with `s_x = d_x·Σq_x`. Each block's four partial
 //! sums are reduced with `addp` to its exact integer sum, four blocks to one vector, before the
 //! conversion to f32: one `scvtf` and one FMA per four blocks and (weight row, activation row),
