@@ -638,8 +638,16 @@ fn bad_tensor_infos() {
             .contains("tensor 't.q8_0': row length 48 is not a multiple"),
         "{e}"
     );
-    // Unknown / unsupported ggml type ids.
-    for ty in [200u32, 4, 5, 6, 16, u32::MAX] {
+    // A K-quant type on rows (64) that are not whole super-blocks of 256: a clear error
+    // naming the tensor.
+    for ty in [10u32, 11, 12, 13, 14] {
+        let mut b = good.clone();
+        put_u32(&mut b, t1.ty_at, ty);
+        let e = open_err(&p, &b);
+        assert!(e.to_string().contains("t.q8_0"), "type {ty}: {e}");
+    }
+    // Unknown / unsupported ggml type ids (4, 5: removed from ggml; 9: Q8_1; 16: IQ2_XXS).
+    for ty in [200u32, 4, 5, 9, 16, u32::MAX] {
         let mut b = good.clone();
         put_u32(&mut b, t2.ty_at, ty);
         match open_err(&p, &b) {
