@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it on a fresh clone:
 #   1. numpy for the independent Python reference (tests/reference/),
 #   2. the reference fixtures: tiny LLaDA/Dream/LLaMA/Qwen2 checkpoints + golden logits,
-#   3. the default model (SmolLM2-135M-Instruct Q4_1) into the user cache via `llada fetch`,
+#   3. the default model (SmolLM2-135M-Instruct Q4_1) and the Qwen2.5-Coder 0.5B/1.5B pair into
+#      the user cache via `llada fetch`,
 #   4. formatting and lints, then every Rust test;
 #   5. with --ci, the newcomer test (scripts/newcomer.sh): the README's commands run from a fresh
 #      clone's installed binary, outside the clone, with an empty model cache.
@@ -17,6 +18,11 @@ python3 tests/reference/selftest.py
 
 cargo build --release -p llada-cli
 cargo run --release --quiet -p llada-cli -- fetch smollm2
+# The real speculative pair (1.6 GB, cached after the first run): its greedy ids are checked
+# against the numpy reference (crates/llada-cli/tests/qwen.rs), which must not skip here.
+cargo run --release --quiet -p llada-cli -- fetch qwen2.5-coder-0.5b
+cargo run --release --quiet -p llada-cli -- fetch qwen2.5-coder-1.5b
+export LLADA_REQUIRE_REAL_MODELS=1
 
 if [ "${1:-}" = "--ci" ] || [ -n "${LLADA_LINT:-}" ]; then
   cargo fmt --all -- --check

@@ -17,8 +17,8 @@ pub mod types;
 pub mod vecops;
 
 pub use qmatmul::{
-    best_isa, isa, isa_reason, matmul_f32, recycle, set_isa, weight_memory, ActLayout, ByteOwner,
-    Isa, QMatrix, QMatrixError, QuantizedActs, StagingBytes,
+    best_isa, default_isa, isa, isa_reason, matmul_f32, recycle, set_isa, weight_memory, ActLayout,
+    ByteOwner, Isa, QMatrix, QMatrixError, QuantizedActs, StagingBytes,
 };
 pub use types::GgmlType;
 

@@ -1,6 +1,7 @@
 //! Which instruction set the quantized kernels run on: run-time CPU feature detection
-//! ([`best_isa`]) and the process-wide choice ([`isa`]: the best the CPU has, unless
-//! `LLADA_KERNEL_ISA` or [`set_isa`] asks for another; [`isa_reason`] says which and why).
+//! ([`best_isa`]), the default per CPU ([`default_isa`]) and the process-wide choice ([`isa`]:
+//! the default, unless `LLADA_KERNEL_ISA` or [`set_isa`] asks for another; [`isa_reason`]
+//! says which and why).
 //!
 //! Invariants: the choice is process-wide (one path for every pass, [`isa`]) and never exceeds
 //! what the CPU offers: a kernel compiled with `#[target_feature]` runs only where those
@@ -88,22 +89,49 @@ pub fn best_isa() -> Isa {
     Isa::Portable
 }
 
-/// The instruction set the kernels use: the best this CPU offers ([`best_isa`]), unless the
-/// environment variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `neon-dot`, `neon`,
-/// `portable`) or [`set_isa`] asks for another; a request the CPU cannot serve falls back to the
-/// best it has. The two NEON paths compute the same sums in the same order: their results are
-/// bit for bit equal.
+/// The instruction set the kernels use: [`default_isa`] for this CPU, unless the environment
+/// variable `LLADA_KERNEL_ISA` (`avx512-vnni`, `avx2`, `portable`) or [`set_isa`] asks for
+/// another; a request the CPU cannot serve falls back to the best it has.
 ///
 /// One path serves every pass of a process (a tree verification has to reproduce one-row
 /// decoding bit for bit, and the paths round differently), so the choice is per CPU, not per
-/// shape: AVX-512 VNNI where present, whose batched passes are 1.2–2x AVX2's and whose one-row
-/// passes are on par (docs/kernels.md has the table).
+/// shape.
 pub fn isa() -> Isa {
     use std::sync::atomic::Ordering;
     match ISA.load(Ordering::Relaxed) {
-        0 => set_isa(requested().unwrap_or_else(best_isa)),
+        0 => set_isa(requested().unwrap_or_else(|| default_isa().0)),
         code => Isa::ALL[code as usize - 1],
     }
+}
+
+/// The path this CPU runs by default, and why: the best it has, except on AMD CPUs with
+/// AVX-512, which execute 512-bit operations as two 256-bit halves — there one-row decoding
+/// measured slower on the AVX-512 path (SmolLM2 decode 140 against 162 tok/s on an EPYC, while
+/// prefill gained 1.17x; docs/kernels.md), and decoding is where the default command spends
+/// its time. On Intel CPUs with AVX-512 VNNI the 512-bit path is the faster one at every M
+/// measured (docs/kernels.md).
+pub fn default_isa() -> (Isa, &'static str) {
+    let best = best_isa();
+    #[cfg(target_arch = "x86_64")]
+    if best == Isa::Avx512Vnni && vendor_is_amd() {
+        return (
+            Isa::Avx2,
+            "AMD CPU: AVX-512 runs as two 256-bit halves there, and one-row decoding measured \
+             faster on AVX2",
+        );
+    }
+    (best, "this CPU's best")
+}
+
+/// Whether CPUID names AMD as the vendor.
+#[cfg(target_arch = "x86_64")]
+fn vendor_is_amd() -> bool {
+    let r = std::arch::x86_64::__cpuid(0);
+    let mut v = [0u8; 12];
+    v[0..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..12].copy_from_slice(&r.ecx.to_le_bytes());
+    &v == b"AuthenticAMD"
 }
 
 /// The path `LLADA_KERNEL_ISA` asks for, if it names one.
@@ -118,8 +146,8 @@ fn requested() -> Option<Isa> {
         Ok(other) => {
             eprintln!(
                 "warning: LLADA_KERNEL_ISA={other:?} is not avx512-vnni, avx2, neon-dot, neon or \
-                 portable; using this CPU's best ({})",
-                best_isa()
+                 portable; using this CPU's default ({})",
+                default_isa().0
             );
             None
         }
@@ -128,23 +156,23 @@ fn requested() -> Option<Isa> {
 
 /// One line saying which path runs and why (for `llada bench` and `llada info`).
 pub fn isa_reason() -> String {
-    let (now, best) = (isa(), best_isa());
+    let (now, best, (default, why)) = (isa(), best_isa(), default_isa());
     let features = match best {
         Isa::Avx512Vnni => "AVX-512 F/BW/VNNI and AVX2/FMA/F16C detected",
         Isa::Avx2 => "AVX2/FMA/F16C detected, no AVX-512 VNNI",
-        Isa::NeonDot => "NEON and the dot-product extension detected",
-        Isa::Neon => "NEON, no dot-product extension",
+        Isa::NeonDot => "NEON with the dot-product extension detected",
+        Isa::Neon => "NEON detected, no dot-product extension",
         Isa::Portable => "no SIMD kernel for this CPU",
     };
     match requested() {
         Some(r) if r != now => {
             format!("{now}: LLADA_KERNEL_ISA asked for {r}, which this CPU lacks ({features})")
         }
-        Some(_) if now != best => {
-            format!("{now}: chosen by LLADA_KERNEL_ISA (this CPU's best: {best}; {features})")
+        Some(_) if now != default => {
+            format!("{now}: chosen by LLADA_KERNEL_ISA (default here: {default}; {features})")
         }
-        _ if now != best => format!("{now}: chosen by the program (this CPU's best: {best})"),
-        _ => format!("{now}: this CPU's best ({features})"),
+        _ if now != default => format!("{now}: chosen by the program (default here: {default})"),
+        _ => format!("{now}: {why} ({features})"),
     }
 }
 

@@ -45,7 +45,7 @@ mod x86;
 
 pub use acts::{ActLayout, QuantizedActs};
 pub use buffers::{StagingBytes, WeightBuf};
-pub use isa::{best_isa, isa, isa_reason, set_isa, Isa};
+pub use isa::{best_isa, default_isa, isa, isa_reason, set_isa, Isa};
 pub use matrix::{ByteOwner, QMatrix, QMatrixError};
 
 use crate::dequant::dequantize;
