@@ -48,7 +48,9 @@ fn check(alias: &str, exact: bool) {
         return;
     }
     let g = golden();
-    for case in g[alias].as_array().expect("cases of the alias") {
+    let cases = g[alias].as_array().expect("cases of the alias");
+    assert_eq!(cases.len(), 4, "{alias}: the golden file holds 4 cases");
+    for case in cases {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_llada"));
         cmd.args(["generate", "-m", alias, "-t", "0", "-n", "16", "--json"]);
         if case["raw"].as_bool().unwrap() {
