@@ -16,8 +16,9 @@
 //!    machine, where llama.cpp reaches ≈ 98 at M = 32).
 //! 4. The N dimension is split across the current rayon pool (the lane's threads).
 //!
-//! x86-64 with AVX2+FMA+F16C uses `_mm256_maddubs_epi16`; elsewhere a portable scalar path
-//! computes the same sums from the same layout (NEON is not written yet).
+//! x86-64 with AVX2+FMA+F16C uses `_mm256_maddubs_epi16` (AVX-512 VNNI `vpdpbusd` where
+//! present), aarch64 NEON (`sdot` where the CPU has the dot-product extension); elsewhere a
+//! portable scalar path computes the same sums from the same layout.
 //!
 //! Files, lower layers first (none imports a higher one):
 //! * [`weight_memory`], [`recycle`], `buffers`: memory holding weight bytes — counters, the
@@ -25,7 +26,7 @@
 //! * `isa`: run-time CPU feature detection and the process-wide choice of [`Isa`];
 //! * `repack`: the packed row layout; `matrix`: [`QMatrix`], built from GGML bytes in that
 //!   layout; `acts`: [`QuantizedActs`];
-//! * `portable`, `x86::avx2`, `x86::avx512`: the kernels;
+//! * `portable`, `x86::*`, `arm::*`: the kernels;
 //! * this file: the public API and the dispatch (threads, then the kernel of the chosen ISA).
 
 mod acts;
@@ -52,6 +53,7 @@ use crate::dequant::dequantize;
 use crate::types::GgmlType;
 use portable::portable_range;
 use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
 use repack::Kind;
 #[cfg(target_arch = "x86_64")]
 use x86::{avx2, avx512};
@@ -144,21 +146,8 @@ impl QMatrix {
             }
         }
         #[cfg(target_arch = "aarch64")]
-        {
-            use arm::neon;
-            let dot = isa == Isa::NeonDot;
-            if dot || isa == Isa::Neon {
-                match (self.kind, dot) {
-                    (Kind::Q4D16, true) => return neon::range4_dot::<0>(self, x, n0, n1, out.0),
-                    (Kind::Q4D16, false) => return neon::range4::<0>(self, x, n0, n1, out.0),
-                    (Kind::Q4DM16, true) => return neon::range4_dot::<1>(self, x, n0, n1, out.0),
-                    (Kind::Q4DM16, false) => return neon::range4::<1>(self, x, n0, n1, out.0),
-                    (Kind::Q8D16, true) => return neon::range8_dot(self, x, n0, n1, out.0),
-                    (Kind::Q8D16, false) => return neon::range8(self, x, n0, n1, out.0),
-                    // The plane kinds (Q5_0, Q5_1, K-quants) have no NEON tiles yet: portable.
-                    _ => {}
-                }
-            }
+        if let Some(kernel) = arm::kernel(self.kind, isa) {
+            return kernel(self, x, n0, n1, out.0);
         }
         portable_range(self, x, n0, n1, out.0)
     }

@@ -280,25 +280,31 @@ fn neon_is_selected_on_aarch64() {
     }
 }
 
-/// Random GGML rows with the whole integer range of each type (Q8_0 values −128..127, every
-/// nibble) and random positive/negative scales and offsets.
+/// Random GGML rows with the whole integer range of each type: random bytes (every value,
+/// high-bit, scale and min code) with the f16 fields (d: ±0.05; m, dmin: ±0.5) replaced by
+/// finite values of either sign.
 #[cfg(target_arch = "aarch64")]
 fn random_raw(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
     let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
-    let mut raw = Vec::new();
-    for _ in 0..rows * cols / 32 {
-        raw.extend(f16(rng.random_range(-0.05..0.05)));
-        match ty {
-            GgmlType::Q8_0 => raw.extend((0..32).map(|_| rng.random::<u8>())),
-            _ => {
-                if ty == GgmlType::Q4_1 {
-                    raw.extend(f16(rng.random_range(-0.5..0.5)));
-                }
-                raw.extend((0..16).map(|_| rng.random::<u8>()));
-            }
+    // Byte offsets of the f16 fields in a block: (d, m or dmin).
+    let (d, m) = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (0, None),
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => (0, Some(2)),
+        GgmlType::Q6K => (208, None),
+        GgmlType::Q3K => (108, None),
+        GgmlType::Q2K => (80, Some(82)),
+        _ => unreachable!("{ty} has no kernel"),
+    };
+    let bb = ty.block_bytes();
+    let mut raw: Vec<u8> = (0..rows * cols / ty.block_elems() * bb)
+        .map(|_| rng.random())
+        .collect();
+    for blk in raw.chunks_exact_mut(bb) {
+        blk[d..d + 2].copy_from_slice(&f16(rng.random_range(-0.05..0.05)));
+        if let Some(m) = m {
+            blk[m..m + 2].copy_from_slice(&f16(rng.random_range(-0.5..0.5)));
         }
     }
-    assert_eq!(raw.len(), rows * cols / 32 * ty.block_bytes());
     raw
 }
 
@@ -332,17 +338,16 @@ fn term_magnitudes(q: &QMatrix, acts: &QuantizedActs) -> Vec<f64> {
     mag
 }
 
-/// Both NEON paths (`sdot` where the CPU has it, and plain NEON) against the portable kernel:
-/// the same integer sums (float accumulation order differs: lanes, FMA), every M from 1 to 9 and
-/// 16, 33, 64 (every register-tile shape and remainder), widths of 3, 5, 7, 18 and 28 blocks
-/// (odd block counts, partial groups of 4), odd row counts, column ranges split as the threads
-/// split them. The two paths agree bit for bit, and each activation row alone gives its row of
-/// the batch bit for bit (speculative verification reproduces one-row decoding).
+/// Both NEON paths (`sdot` where the CPU has it, and plain NEON) against the portable kernel for
+/// each type of `types` and each `(rows, width)` of `shapes`: the same integer sums (float
+/// accumulation order differs: lanes, FMA), every M from 1 to 9 and 16, 33, 64 (every
+/// register-tile shape and remainder), column ranges split as the threads split them. The two
+/// paths agree bit for bit, and each activation row alone gives its row of the batch bit for bit
+/// (speculative verification reproduces one-row decoding).
 #[cfg(target_arch = "aarch64")]
-#[test]
-fn neon_kernels_match_portable() {
+fn check_neon_against_portable(types: &[GgmlType], shapes: &[(usize, usize)], seed: u64) {
     use super::isa::choose;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(65);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let isas: Vec<Isa> = [Isa::NeonDot, Isa::Neon]
         .into_iter()
         .filter(|&isa| {
@@ -355,8 +360,8 @@ fn neon_kernels_match_portable() {
         .collect();
     assert!(isas.contains(&Isa::Neon));
     let ms: Vec<usize> = (1..=9).chain([16, 33, 64]).collect();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (n, k) in [(37, 96), (5, 160), (9, 224), (37, 576), (21, 896)] {
+    for &ty in types {
+        for &(n, k) in shapes {
             let q = QMatrix::new(ty, n, k, Arc::new(random_raw(ty, n, k, &mut rng)), 0).unwrap();
             for &m in &ms {
                 // Activations with outliers, so that some blocks reach ±127.
@@ -418,33 +423,71 @@ fn neon_kernels_match_portable() {
     }
 }
 
-/// Q4_K has no NEON tiles yet: on a NEON ISA it runs the portable kernel, bit for bit.
+/// Q4_0, Q4_1 and Q8_0: widths of 3, 5, 7, 18 and 28 blocks (odd block counts, partial groups
+/// of 4), odd row counts.
 #[cfg(target_arch = "aarch64")]
 #[test]
-fn neon_isas_run_q4k_on_the_portable_kernel() {
-    let (m, n, k) = (3, 11, 512);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(66);
-    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let q = QMatrix::new(
+fn neon_kernels_match_portable() {
+    check_neon_against_portable(
+        &[GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0],
+        &[(37, 96), (5, 160), (9, 224), (37, 576), (21, 896)],
+        65,
+    );
+}
+
+/// Q5_0 and Q5_1 (nibble and bit planes): widths of 3, 5, 18 and 28 blocks (a zero-padded last
+/// pair, partial groups of 4 and 8), odd row counts.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_q5_kernels_match_portable() {
+    check_neon_against_portable(
+        &[GgmlType::Q5_0, GgmlType::Q5_1],
+        &[(37, 96), (5, 160), (9, 576), (21, 896)],
+        66,
+    );
+}
+
+/// The K-quants: one to six super-blocks, odd row counts; random scale and min bytes cover
+/// Q6_K's signed scales, Q3_K's 6-bit ones and every Q4_K/Q5_K/Q2_K scale and min.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_kquant_kernels_match_portable() {
+    check_neon_against_portable(
+        &[
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Q5K,
+            GgmlType::Q3K,
+            GgmlType::Q2K,
+        ],
+        &[(37, 256), (5, 512), (21, 768), (9, 1536)],
+        67,
+    );
+}
+
+/// Every packed kind has a kernel on both NEON paths, and none on other ISAs: on aarch64 no kind
+/// falls back to the portable kernel.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn every_kind_has_neon_kernels() {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4K,
-        n,
-        k,
-        Arc::new(random_quantized(GgmlType::Q4K, n, k, 9)),
-        0,
-    )
-    .unwrap();
-    let acts = QuantizedActs::quantize(&x, m, k, q.act_layout());
-    let mut port = vec![0f32; m * n];
-    unsafe { portable_range(&q, &acts, 0, n, port.as_mut_ptr()) };
-    for isa in [Isa::NeonDot, Isa::Neon] {
-        if super::isa::choose(isa) != isa {
-            continue;
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q3K,
+        GgmlType::Q2K,
+    ] {
+        let kind = repack::Kind::of(ty).unwrap();
+        for isa in [Isa::NeonDot, Isa::Neon] {
+            assert!(arm::kernel(kind, isa).is_some(), "{ty} has no {isa} kernel");
         }
-        let mut got = vec![f32::NAN; m * n];
-        unsafe { q.range_on(isa, &acts, 0, n, SendPtr(got.as_mut_ptr())) };
-        assert!(port
-            .iter()
-            .zip(&got)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni] {
+            assert!(arm::kernel(kind, isa).is_none(), "{ty}: {isa} on aarch64");
+        }
     }
 }

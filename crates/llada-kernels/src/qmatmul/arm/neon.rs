@@ -24,11 +24,16 @@ use std::marker::PhantomData;
 /// vector of four partial sums whose total is exact (|Σ| < 2²⁰).
 pub(super) trait Dot {
     unsafe fn block(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t;
-    /// As [`Dot::block`] with `w0`, `w1` in 0..15 (4-bit values).
+    /// As [`Dot::block`] with `|w0|`, `|w1|` ≤ 64 (the 4-, 5- and 6-bit values, unsigned or
+    /// less their bias).
     #[inline(always)]
     unsafe fn block4(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
         Self::block(w0, x0, w1, x1)
     }
+    /// Two separate 16-element dot products `w0·x0` and `w1·x1` (`|w|` ≤ 64) in one vector:
+    /// lanes 0–1 sum to the first, lanes 2–3 to the second (the per-16 scales of Q6_K, Q3_K and
+    /// Q2_K multiply them apart).
+    unsafe fn halves(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t;
 }
 
 /// `sdot`: needs the `dotprod` feature in the function it is inlined into.
@@ -38,6 +43,11 @@ impl Dot for Sdot {
     #[inline(always)]
     unsafe fn block(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
         sdot(sdot(vdupq_n_s32(0), w0, x0), w1, x1)
+    }
+    #[inline(always)]
+    unsafe fn halves(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
+        let zero = vdupq_n_s32(0);
+        vpaddq_s32(sdot(zero, w0, x0), sdot(zero, w1, x1))
     }
 }
 
@@ -68,7 +78,7 @@ impl Dot for Mull {
         let hi = vmlal_high_s8(vmull_high_s8(w0, x0), w1, x1);
         vpadalq_s16(vpaddlq_s16(lo), hi)
     }
-    /// Four products per 16-bit lane (|Σ| ≤ 4·15·127).
+    /// Four products per 16-bit lane (|Σ| ≤ 4·64·127).
     #[inline(always)]
     unsafe fn block4(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
         let p = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
@@ -76,11 +86,18 @@ impl Dot for Mull {
         let p = vmlal_s8(p, vget_low_s8(w1), vget_low_s8(x1));
         vpaddlq_s16(vmlal_high_s8(p, w1, x1))
     }
+    /// Two products per 16-bit lane, then four after one `addp` (|Σ| ≤ 4·64·127).
+    #[inline(always)]
+    unsafe fn halves(w0: int8x16_t, x0: int8x16_t, w1: int8x16_t, x1: int8x16_t) -> int32x4_t {
+        let p = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
+        let q = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
+        vpaddlq_s16(vpaddq_s16(p, q))
+    }
 }
 
 /// Four f16 scales at `p` as f32.
 #[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
+pub(super) unsafe fn f16x4(p: *const u8) -> float32x4_t {
     let h = vreinterpret_u16_u8(vld1_u8(p));
     let f: float32x4_t;
     asm!(
@@ -94,11 +111,11 @@ unsafe fn f16x4(p: *const u8) -> float32x4_t {
 
 /// Per (weight row, activation row): two blocks' partial sums after one `addp` (lanes 0–1 the
 /// first block's, 2–3 the second's), or after [`fold`] four blocks' sums (lane `j` block `j`).
-type Pairs<const NR: usize, const MR: usize> = [[int32x4_t; MR]; NR];
+pub(super) type Pairs<const NR: usize, const MR: usize> = [[int32x4_t; MR]; NR];
 
 /// Fold two blocks' pairs into per-block sums: lane `j` = block `j` of the four.
 #[inline(always)]
-unsafe fn fold<const NR: usize, const MR: usize>(
+pub(super) unsafe fn fold<const NR: usize, const MR: usize>(
     a: &Pairs<NR, MR>,
     b: &Pairs<NR, MR>,
 ) -> Pairs<NR, MR> {
@@ -135,7 +152,7 @@ unsafe fn scale_add<const NR: usize, const MR: usize>(
 
 /// Lane sums of the accumulators into `out`.
 #[inline(always)]
-unsafe fn store<const NR: usize, const MR: usize>(
+pub(super) unsafe fn store<const NR: usize, const MR: usize>(
     acc: &[[float32x4_t; MR]; NR],
     w: &QMatrix,
     n: usize,
