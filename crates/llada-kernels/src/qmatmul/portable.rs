@@ -1,7 +1,7 @@
 //! The portable kernel: scalar Rust computing the same integer sums as the SIMD kernels from the
 //! same packed layout, one block at a time. It runs where no SIMD kernel does (neither x86-64
-//! with AVX2 nor aarch64) and is the reference the SIMD kernels are tested against. Every kind goes through
-//! one formula ([`super::matrix::BlockTerms`]).
+//! with AVX2 nor aarch64) and is the reference the SIMD kernels are tested against. Every kind
+//! goes through one formula ([`super::matrix::BlockTerms`]).
 
 use super::acts::QuantizedActs;
 use super::matrix::QMatrix;

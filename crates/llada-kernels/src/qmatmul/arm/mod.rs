@@ -1,10 +1,11 @@
 //! aarch64 kernels: [`neon`] tiles over the packed layouts of Q4_0, Q4_1 and Q8_0, and
 //! [`planes`] tiles for the plane kinds (Q5_0, Q5_1 and the K-quants), every kind in two
-//! flavours that differ only in the 8-bit dot product of a block: `sdot` where the CPU has the dot-product extension
-//! ([`crate::Isa::NeonDot`]), `smull` + `sadalp` otherwise ([`crate::Isa::Neon`]; NEON is
-//! baseline on aarch64). Both reduce each block to its exact integer sum before any float
-//! arithmetic, so their results are equal bit for bit. Callers pick a flavour through `isa.rs`
-//! and [`kernel`], and must call the `sdot` one only where the CPU has `dotprod`.
+//! flavours that differ only in the 8-bit dot product of a block: `sdot` where the CPU has the
+//! dot-product extension ([`crate::Isa::NeonDot`]), `smull` + `sadalp` otherwise
+//! ([`crate::Isa::Neon`]; NEON is baseline on aarch64). Both reduce each block to its exact
+//! integer sum before any float arithmetic, so their results are equal bit for bit. Callers
+//! pick a flavour through `isa.rs` and [`kernel`], and must call the `sdot` one only where the
+//! CPU has `dotprod`.
 //!
 //! The loop over a range of output columns ([`drive`]) is the x86 kernels' (`x86/mod.rs`):
 //! cache blocks of weight rows, register tiles of `NR` weight rows × `MR` activation rows
