@@ -1,17 +1,56 @@
-//! AVX-512 VNNI tiles for the plane kinds: the pair of blocks rebuilt by [`super::planes`]'s
-//! unpacking (two 256-bit registers) becomes one 512-bit register — elements 0–15 of both
-//! blocks in the lower half, 16–31 in the upper — against the pair's 64 activation bytes,
-//! one `vpdpbusd` per weight row and activation row. The per-16 integer scales of Q6_K, Q3_K
+//! AVX-512 VNNI tiles for the plane kinds: a pair of blocks is rebuilt from its planes into
+//! one 512-bit register (`unpack512`) — elements 0–15 of both blocks in the lower half, 16–31
+//! in the upper — against the pair's 64 activation bytes, one `vpdpbusd` per weight row and
+//! activation row. The per-16 integer scales of Q6_K, Q3_K
 //! and Q2_K enter the float scale of each lane (`d · sc` per 16 elements) instead of a
 //! `vpmaddwd`. Offsets use [`super::planes`]'s 8-block terms, in 256-bit accumulators added
 //! at the end, so every activation row's result is the same whatever the tile height.
 
 use super::avx2::{hsum, prefetch_rows};
-use super::planes::{group_terms, unpack, K2, K3, K6};
+use super::planes::{group_terms, K2, K3, K5, K6, Q5_0, Q5_1};
 use super::ROW_BLOCK;
 use crate::qmatmul::acts::QuantizedActs;
 use crate::qmatmul::matrix::QMatrix;
 use std::arch::x86_64::*;
+
+/// The unsigned values of pair `pp` of a packed row as one register: elements 0–15 of both
+/// blocks in the lower 32 bytes, 16–31 in the upper (the order of the pair's activations).
+/// Nibbles: one 32-byte load broadcast, the upper half shifted by 4; the two-bit plane: its 16
+/// bytes broadcast to the four 128-bit lanes, shifted by 0, 2, 4, 6; the bit plane: its 64 bits
+/// are a byte mask.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn unpack512<const K: u8>(w: &QMatrix, row: *const u8, pp: usize) -> __m512i {
+    let lay = &w.lay;
+    let mut v = _mm512_setzero_si512();
+    if !matches!(K, K3 | K2) {
+        let q = _mm256_loadu_si256(row.add(lay.nib + pp * 32) as *const __m256i);
+        let shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        v = _mm512_and_si512(
+            _mm512_srlv_epi16(_mm512_broadcast_i64x4(q), shifts),
+            _mm512_set1_epi8(0x0F),
+        );
+    }
+    if matches!(K, K6 | K3 | K2) {
+        let t = _mm_loadu_si128(row.add(lay.two + pp * 16) as *const __m128i);
+        let shifts = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+        let t = _mm512_and_si512(
+            _mm512_srlv_epi32(_mm512_broadcast_i32x4(t), shifts),
+            _mm512_set1_epi8(3),
+        );
+        v = if K == K6 {
+            _mm512_or_si512(v, _mm512_slli_epi16(t, 4))
+        } else {
+            t
+        };
+    }
+    if matches!(K, Q5_0 | Q5_1 | K5 | K3) {
+        let bits = std::ptr::read_unaligned(row.add(lay.bit + pp * 8) as *const u64);
+        let hb = _mm512_set1_epi8(if K == K3 { 4 } else { 16 });
+        v = _mm512_or_si512(v, _mm512_maskz_mov_epi8(bits, hb));
+    }
+    v
+}
 
 /// A tile of `NR` weight rows × `MR` activation rows of a plane kind `K`.
 #[inline]
@@ -82,8 +121,7 @@ unsafe fn tile<const K: u8, const NR: usize, const MR: usize>(
                 sx[c] = _mm512_permutexvar_ps(idx, dx[c]);
             }
             for r in 0..NR {
-                let (lo, hi) = unpack::<K>(w, base.add(r * w.stride), b / 2);
-                let wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                let wv = unpack512::<K>(w, base.add(r * w.stride), b / 2);
                 let sw = _mm512_permutexvar_ps(sidx, sv[r]);
                 for c in 0..MR {
                     let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv[c]);
