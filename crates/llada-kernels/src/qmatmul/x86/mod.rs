@@ -30,6 +30,12 @@ macro_rules! drive {
                     }
                 } else {
                     while n + 2 <= nb1 {
+                        if i == 0 {
+                            // While the first activation rows pass over this block, fetch the
+                            // next block's rows: the later passes find this block in L2, and
+                            // the next block does not start with a DRAM stall per row.
+                            prefetch_rows(w, n + ROW_BLOCK, 2);
+                        }
                         match mr {
                             4 => $tile::<$($t,)? 2, 4>(w, x, n, i, out),
                             3 => $tile::<$($t,)? 2, 3>(w, x, n, i, out),

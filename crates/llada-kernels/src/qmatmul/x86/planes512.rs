@@ -3,10 +3,10 @@
 //! in the upper — against the pair's 64 activation bytes, one `vpdpbusd` per weight row and
 //! activation row. The per-16 integer scales of Q6_K, Q3_K
 //! and Q2_K enter the float scale of each lane (`d · sc` per 16 elements) instead of a
-//! `vpmaddwd`. Offsets use [`super::planes`]'s 8-block terms, in 256-bit accumulators added
-//! at the end, so every activation row's result is the same whatever the tile height.
+//! `vpmaddwd`. Offsets use [`super::planes`]'s 8-block terms, added to the accumulators once per
+//! group, so every activation row's result is the same whatever the tile height.
 
-use super::avx2::{hsum, prefetch_rows};
+use super::avx2::prefetch_rows;
 use super::planes::{group_terms, K2, K3, K5, K6, Q5_0, Q5_1};
 use super::ROW_BLOCK;
 use crate::qmatmul::acts::QuantizedActs;
@@ -65,7 +65,6 @@ unsafe fn tile<const K: u8, const NR: usize, const MR: usize>(
     let per16 = matches!(K, K6 | K3 | K2);
     let base = w.data.as_ptr().add(n * w.stride);
     let mut acc = [[_mm512_setzero_ps(); MR]; NR];
-    let mut off = [[_mm256_setzero_ps(); MR]; NR];
     for g in 0..w.nbp / 8 {
         let mut dx8 = [_mm256_setzero_ps(); MR];
         let mut dx = [_mm512_setzero_ps(); MR];
@@ -79,7 +78,13 @@ unsafe fn tile<const K: u8, const NR: usize, const MR: usize>(
         for r in 0..NR {
             let row = base.add(r * w.stride);
             let mut sc16 = [0i16; 16];
-            let a = group_terms::<K, MR>(w, x, row, g, i, &dx8, &mut off[r], &mut sc16);
+            // The group's offset terms, folded into lanes 0–7 of the accumulators at once (a
+            // second set of accumulators would spill the tile's registers).
+            let mut off = [_mm256_setzero_ps(); MR];
+            let a = group_terms::<K, MR>(w, x, row, g, i, &dx8, &mut off, &mut sc16);
+            for c in 0..MR {
+                acc[r][c] = _mm512_add_ps(acc[r][c], _mm512_zextps256_ps512(off[c]));
+            }
             sv[r] = if per16 {
                 let s = _mm256_loadu_si256(sc16.as_ptr() as *const __m256i);
                 let s = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(s));
@@ -133,7 +138,7 @@ unsafe fn tile<const K: u8, const NR: usize, const MR: usize>(
     }
     for r in 0..NR {
         for c in 0..MR {
-            *out.add((i + c) * w.rows + n + r) = _mm512_reduce_add_ps(acc[r][c]) + hsum(off[r][c]);
+            *out.add((i + c) * w.rows + n + r) = _mm512_reduce_add_ps(acc[r][c]);
         }
     }
 }
