@@ -12,7 +12,6 @@ use super::ROW_BLOCK;
 use crate::qmatmul::acts::QuantizedActs;
 use crate::qmatmul::matrix::QMatrix;
 use crate::qmatmul::repack::Kind;
-use half::f16;
 use std::arch::x86_64::*;
 
 pub(super) const Q5_0: u8 = Kind::Q5D16 as u8;
@@ -86,9 +85,12 @@ pub(super) unsafe fn unpack<const K: u8>(
     (lo, hi)
 }
 
+/// The two f16 values at `p` (a K-quant header's `d`, `dmin`) as f32, with F16C.
 #[inline]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    f16::from_bits(std::ptr::read_unaligned(p as *const u16)).to_f32()
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 /// Per group of 8 blocks and weight row: the per-block scale `a` (8 lanes), the per-16
@@ -126,8 +128,9 @@ pub(super) unsafe fn group_terms<const K: u8, const MR: usize>(
                 let v = _mm_loadl_epi64(h.add(o) as *const __m128i);
                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
             };
-            let a = _mm256_mul_ps(_mm256_set1_ps(f16_at(h)), bytes8(4));
-            let mv = _mm256_mul_ps(_mm256_set1_ps(-f16_at(h.add(2))), bytes8(12));
+            let (d, dmin) = f16x2(h);
+            let a = _mm256_mul_ps(_mm256_set1_ps(d), bytes8(4));
+            let mv = _mm256_mul_ps(_mm256_set1_ps(-dmin), bytes8(12));
             for c in 0..MR {
                 acc[c] = _mm256_fmadd_ps(mv, xs(c), acc[c]);
             }
@@ -135,13 +138,15 @@ pub(super) unsafe fn group_terms<const K: u8, const MR: usize>(
         }
         _ => {
             let h = row.add(lay.sc + g * Kind::header_of(K));
-            let d = f16_at(h);
+            // Q6_K/Q3_K headers hold one f16 (`d`); the second value read is a scale byte pair,
+            // converted and unused.
+            let (d, dmin) = f16x2(h);
             let (s16, mn16, off) = if K == K2 {
                 let b = _mm_loadu_si128(h.add(4) as *const __m128i);
                 let m4 = _mm_set1_epi8(0x0F);
                 let s = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
                 let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
-                (s, m, -f16_at(h.add(2)))
+                (s, m, -dmin)
             } else {
                 let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(h.add(2) as *const __m128i));
                 (s, s, if K == K6 { -32.0 * d } else { -4.0 * d })
