@@ -1,6 +1,7 @@
 //! Quantized matmul timings: `cargo run --release -p llada-kernels --example qmm [N K [TYPES]]`
 //! (default 4096 × 4096, every quantized type; `LLADA_KERNEL_ISA` picks the path). Prints the
-//! median time and GFLOP/s per type and M, and the weight bytes the kernel streams.
+//! median time and GFLOP/s per type and M (`QMM_M=1,64` picks the Ms), the weight bytes the
+//! kernel streams, and the repack rate.
 use llada_kernels::{isa, GgmlType, QMatrix};
 use std::time::Instant;
 
@@ -39,7 +40,15 @@ fn main() {
             t * 1e3,
             raw.len() as f64 / t / 1e9
         );
-        for m in [1usize, 8, 16, 32, 64, 128] {
+        for m in std::env::var("QMM_M")
+            .ok()
+            .map(|s| {
+                s.split(',')
+                    .filter_map(|v| v.parse().ok())
+                    .collect::<Vec<usize>>()
+            })
+            .unwrap_or(vec![1, 8, 16, 32, 64, 128])
+        {
             let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
             let mut out = vec![0f32; m * n];
             q.matmul(&x, m, &mut out);
