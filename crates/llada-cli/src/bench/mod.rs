@@ -46,6 +46,13 @@ pub struct BenchArgs {
     /// Write an operator trace of the decode run to FILE.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<PathBuf>,
+    /// Measure llama.cpp beside us (llama-bench on the same GGUF file and thread count,
+    /// interleaved rounds; built by scripts/peer/llama_cpp.sh, docs/peer.md).
+    #[arg(long)]
+    pub(crate) peer: bool,
+    /// The peer's binary directory (default: $LLADA_PEER_DIR, else the cache's peer/).
+    #[arg(long, value_name = "DIR", requires = "peer")]
+    pub(crate) peer_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]

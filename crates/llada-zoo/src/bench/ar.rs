@@ -1,6 +1,7 @@
 //! The left-to-right benchmark's measurements (`llada bench MODEL`): the machine's read
-//! bandwidth, prefill and decode speed over synthetic prompts, and quantized matmul throughput
-//! (ours vs candle's) for the quant types a model holds.
+//! bandwidth, prefill and decode speed over synthetic prompts (single runs, for benchmarks that
+//! interleave them with a peer's: [`prefill_speed`], [`decode_speed`]), and quantized matmul
+//! throughput (ours vs candle's) for the quant types a model holds.
 
 use crate::error::Result;
 use crate::progress::Progress;
@@ -155,6 +156,40 @@ pub fn synthetic_prompt(model: &Model, n: usize) -> Vec<u32> {
         .collect()
 }
 
+fn prefill_config() -> GenerateConfig {
+    GenerateConfig {
+        max_tokens: 1,
+        stop_at_eos: false,
+        ..Default::default()
+    }
+}
+
+/// One untimed run generating one token after `prompt` (first touches of the weights, the
+/// thread pool's start).
+pub fn warm_up(model: &Model, lane: &Lane, prompt: &[u32]) -> Result<()> {
+    generate(model, lane, prompt, &prefill_config(), |_| true)?;
+    Ok(())
+}
+
+/// Prefill speed (prompt tokens per second) of one run generating one token after `prompt`.
+pub fn prefill_speed(model: &Model, lane: &Lane, prompt: &[u32]) -> Result<f64> {
+    let o = generate(model, lane, prompt, &prefill_config(), |_| true)?;
+    Ok(o.prompt_tokens as f64 / o.prefill_s)
+}
+
+/// Decode speed (tokens per second after the first) of one run generating `tokens` tokens
+/// after `prompt`.
+pub fn decode_speed(model: &Model, lane: &Lane, prompt: &[u32], tokens: usize) -> Result<f64> {
+    let decode_cfg = GenerateConfig {
+        max_tokens: tokens,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let o = generate(model, lane, prompt, &decode_cfg, |_| true)?;
+    // The first generated token comes from prefill; the rest each cost one forward pass.
+    Ok((o.generated_tokens - 1) as f64 / o.decode_s)
+}
+
 /// Prefill speed (prompt tokens per second) of `reps` runs generating one token after
 /// `prompt`, after one warm-up run; each run is a step of `progress` (the warm-up too).
 pub fn prefill_speeds(
@@ -164,19 +199,13 @@ pub fn prefill_speeds(
     reps: usize,
     progress: &dyn Progress,
 ) -> Result<Vec<f64>> {
-    let prefill_cfg = GenerateConfig {
-        max_tokens: 1,
-        stop_at_eos: false,
-        ..Default::default()
-    };
     progress.status("warm-up");
-    generate(model, lane, prompt, &prefill_cfg, |_| true)?;
+    warm_up(model, lane, prompt)?;
     progress.inc(1);
     let mut prefill = vec![];
     for _ in 0..reps {
         progress.status("prefill");
-        let o = generate(model, lane, prompt, &prefill_cfg, |_| true)?;
-        prefill.push(o.prompt_tokens as f64 / o.prefill_s);
+        prefill.push(prefill_speed(model, lane, prompt)?);
         progress.inc(1);
     }
     Ok(prefill)
@@ -192,17 +221,10 @@ pub fn decode_speeds(
     reps: usize,
     progress: &dyn Progress,
 ) -> Result<Vec<f64>> {
-    let decode_cfg = GenerateConfig {
-        max_tokens: tokens,
-        stop_at_eos: false,
-        ..Default::default()
-    };
     let mut decode = vec![];
     for _ in 0..reps {
         progress.status("decode");
-        let o = generate(model, lane, prompt, &decode_cfg, |_| true)?;
-        // The first generated token comes from prefill; the rest each cost one forward pass.
-        decode.push((o.generated_tokens - 1) as f64 / o.decode_s);
+        decode.push(decode_speed(model, lane, prompt, tokens)?);
         progress.inc(1);
     }
     Ok(decode)

@@ -4,4 +4,5 @@
 
 pub mod ar;
 pub mod diffusion;
+pub mod peer;
 pub mod spec;
