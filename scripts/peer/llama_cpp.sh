@@ -101,7 +101,13 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
     exit 1
   }
   echo "llama_cpp.sh: extracting $tarball"
-  tar -xzf "$tarball" -C "$src_root" "llama_cpp_python-$version/vendor/llama.cpp"
+  tar -xzf "$tarball" -C "$src_root" "llama_cpp_python-$version/vendor/llama.cpp" \
+    "llama_cpp_python-$version/CHANGELOG.md"
+fi
+changelog="$src_root/llama_cpp_python-$version/CHANGELOG.md"
+tarball="$src_root/download/llama_cpp_python-$version.tar.gz"
+if [ ! -f "$changelog" ] && [ -f "$tarball" ]; then
+  tar -xzf "$tarball" -C "$src_root" "llama_cpp_python-$version/CHANGELOG.md" || true
 fi
 [ -f "$src/CMakeLists.txt" ] || {
   echo "llama_cpp.sh: no llama.cpp tree at $src" >&2
@@ -132,9 +138,15 @@ if [ "$arch" = x86_64 ]; then
   isa+=("-DGGML_AVX512_BF16=$(onoff avx512_bf16)")
   isa+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
+# The sdist carries no git history; its changelog names the llama.cpp commit it vendors, which
+# llama-bench then reports (build_commit) instead of "unknown".
+commit="$(sed -n "/^## \[$version\]/,/^## \[/p" "$changelog" 2> /dev/null | grep -o 'llama\.cpp@[0-9a-f]\{7,40\}' | head -n1 | cut -d@ -f2 || true)"
 common=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
+if [ -n "$commit" ]; then
+  common+=("-DLLAMA_BUILD_COMMIT=$commit")
+fi
 
 # --- build -----------------------------------------------------------------------------------
 build="$root/build"
@@ -155,7 +167,7 @@ for t in "${targets[@]}"; do
   cp -f "$build/bin/$t" "$bin/$t"
 done
 {
-  echo "llama.cpp vendored in llama-cpp-python $version"
+  echo "llama.cpp ${commit:-(commit unknown)} vendored in llama-cpp-python $version"
   echo "cpu $(grep -m1 'model name' /proc/cpuinfo 2> /dev/null | cut -d: -f2 | sed 's/^ *//')"
   echo "flags ${common[*]} ${isa[*]}"
   echo "compiler $(c++ --version | head -n1)"

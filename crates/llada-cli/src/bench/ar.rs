@@ -288,13 +288,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     if let Some(p) = &peer {
         println!();
-        match &p.run {
-            Some(r) => println!(
-                "peer             llama.cpp build {} ({}), llama-bench -t {threads} -r 1, {reps} rounds interleaved with ours",
-                r.build_number, r.build_commit
-            ),
-            None => println!("peer             llama.cpp, {reps} rounds interleaved with ours"),
-        }
+        let commit = p
+            .run
+            .as_ref()
+            .map(|r| r.build_commit.as_str())
+            .filter(|c| !c.is_empty() && *c != "unknown")
+            .map_or(String::new(), |c| format!(" {c}"));
+        println!(
+            "peer             llama.cpp{commit} (llama-bench -t {threads} -r 1), {reps} rounds interleaved with ours"
+        );
         println!("| measure | ours tok/s | llama.cpp tok/s | ours / llama.cpp |");
         println!("|---|---|---|---|");
         let row = |name: String, ours: Option<f64>, theirs: Option<f64>| {
