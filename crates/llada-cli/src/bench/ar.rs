@@ -219,6 +219,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "model": path.display().to_string(),
             "threads": threads,
             "kernel_isa": llada_kernels::qmatmul::isa().name(),
+            "kernel_isa_reason": llada_kernels::isa_reason(),
             "prefill_tokens": prompt.len(),
             "prefill_tok_s": prefill_tok_s,
             "prefill512_tok_s": prefill512_tok_s,
@@ -258,11 +259,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     println!("model            {}", path.display());
     println!("threads          {threads}");
-    println!(
-        "kernels          {} (LLADA_KERNEL_ISA=avx512-vnni|avx2|portable chooses; this CPU's best: {})",
-        llada_kernels::qmatmul::isa(),
-        llada_kernels::qmatmul::best_isa()
-    );
+    println!("kernels          {}", llada_kernels::isa_reason());
     println!("memory bandwidth {bw:.1} GB/s (measured now)");
     println!("weights/token    {:.1} MiB", bpt as f64 / (1 << 20) as f64);
     println!(
