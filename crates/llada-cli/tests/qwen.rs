@@ -76,16 +76,34 @@ fn check(alias: &str, exact: bool) {
         let tie = if exact { 0.01 } else { 0.5 };
         let margins = case["margins"].as_array().unwrap();
         // The steps before the first near tie must agree; from it on, either side of the tie
-        // is a right answer and the sequences may part.
-        let n = margins
+        // is a right answer and the sequences may part. The engine stops at an end-of-turn id
+        // (<|endoftext|> 151643, <|im_end|> 151645), which the reference only records.
+        let tie_at = margins
             .iter()
             .position(|m| m.as_f64().unwrap() < tie)
             .unwrap_or(want.len());
+        let stop_at = want
+            .iter()
+            .position(|t| [151643, 151645].contains(t))
+            .unwrap_or(want.len());
+        let n = tie_at.min(stop_at);
+        assert!(
+            got.len() >= n,
+            "{alias} {prompt:?}: {} ids, the reference has {n} before a tie or a stop",
+            got.len()
+        );
         assert_eq!(
             &got[..n],
             &want[..n],
             "{alias} {prompt:?} (exact {exact}): ids differ before the first margin < {tie}"
         );
+        if stop_at < tie_at {
+            assert_eq!(
+                got.len(),
+                stop_at,
+                "{alias} {prompt:?}: should stop where the reference ends its turn"
+            );
+        }
         eprintln!("{alias} {prompt:?}: {n} of 16 ids compared and equal (exact {exact})");
     }
 }
