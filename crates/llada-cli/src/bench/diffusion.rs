@@ -14,6 +14,7 @@ use llada_zoo::bench::diffusion::{
     paired_speedup, prompts_for, run_interleaved, strategy, sweep_model, Run, StrategySettings,
     SweepPoint, STRATEGIES,
 };
+use llada_zoo::bench::peer;
 use llada_zoo::Progress;
 use std::path::{Path, PathBuf};
 
@@ -87,6 +88,14 @@ pub struct DiffusionBenchArgs {
     /// Skip the window sweep.
     #[arg(long)]
     no_sweep: bool,
+    /// Beside each extra sweep model (a GGUF), llama.cpp's pass over the same rows
+    /// (`llama-bench -p W -n 0`, built by scripts/peer/llama_cpp.sh), window by window
+    /// interleaved with ours; the report gives both and the ratio.
+    #[arg(long)]
+    peer: bool,
+    /// Directory of the llama.cpp binaries (default: $LLADA_PEER_DIR, else the cache).
+    #[arg(long)]
+    peer_dir: Option<PathBuf>,
     /// Directory for runs.csv, sweep.csv, sweep.svg, report.md and report.json.
     #[arg(long, default_value = "bench-out/diffusion")]
     out_dir: PathBuf,
@@ -115,6 +124,19 @@ impl DiffusionBenchArgs {
             max_probes: self.max_probes,
         }
     }
+}
+
+/// (model, window, our ms, llama.cpp's ms) for every window measured by both.
+fn peer_ratios(sweep: &[SweepPoint]) -> Vec<(String, usize, f64, f64)> {
+    sweep
+        .iter()
+        .filter_map(|p| {
+            let theirs = sweep
+                .iter()
+                .find(|q| q.window == p.window && q.model == format!("llama.cpp {}", p.model))?;
+            Some((p.model.clone(), p.window, p.ms, theirs.ms))
+        })
+        .collect()
 }
 
 fn model_name(p: &Path) -> String {
@@ -186,6 +208,11 @@ fn draw_sweep(sweep: &[SweepPoint], root: &crate::SvgArea<'_>) -> Result<()> {
 
 pub fn run(a: DiffusionBenchArgs) -> Result<()> {
     let threads = crate::threads(a.threads)?;
+    // Found before any model loads, so that a missing peer fails at once.
+    let peer_dir = match a.peer && !a.no_sweep {
+        true => Some(peer::find_bin_dir(a.peer_dir.as_deref())?),
+        false => None,
+    };
     if a.examples == 0 {
         bail!("--examples must be at least 1");
     }
@@ -279,14 +306,35 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
                 },
             )
             .load_context(path)?;
-            sweep.extend(sweep_model(
-                &model,
-                &dense_lane,
-                &a.sweep,
-                a.sweep_prefix,
-                &model_name(path),
-                1,
-            )?);
+            let name = model_name(path);
+            match &peer_dir {
+                None => sweep.extend(sweep_model(
+                    &model,
+                    &dense_lane,
+                    &a.sweep,
+                    a.sweep_prefix,
+                    &name,
+                    1,
+                )?),
+                // Window by window, ours then the peer's, so that the machine's drift
+                // reaches both alike.
+                Some(dir) => {
+                    for &w in &a.sweep {
+                        pb.status(&format!("{name}: window {w}, ours and llama.cpp's"));
+                        let ours =
+                            sweep_model(&model, &dense_lane, &[w], a.sweep_prefix, &name, 1)?;
+                        let tok_s = peer::batch_pass(dir, path, threads, w)?;
+                        sweep.extend(ours);
+                        let ms = 1e3 * w as f64 / tok_s;
+                        sweep.push(SweepPoint {
+                            model: format!("llama.cpp {name}"),
+                            window: w,
+                            ms,
+                            ms_per_token: ms / w as f64,
+                        });
+                    }
+                }
+            }
         }
     }
     pb.finish();
@@ -321,6 +369,13 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         "char_accuracy_delta_pts": char_delta,
         "summary_model": primary,
         "window_sweep": sweep,
+        "window_vs_peer": peer_ratios(&sweep)
+            .iter()
+            .map(|(model, w, ours, theirs)| serde_json::json!({
+                "model": model, "window": w, "ours_ms": ours, "peer_ms": theirs,
+                "ratio": theirs / ours,
+            }))
+            .collect::<Vec<_>>(),
         "threads": threads,
         "repeats": a.repeats,
         "settings": {
@@ -407,6 +462,18 @@ settings: block {}, threshold {}, multi-block window {} (lookahead below {} mask
         }
         llada_formats::atomic::write(&a.out_dir.join("sweep.csv"), scsv.as_bytes())?;
         plot(&sweep, &a.out_dir.join("sweep.svg"))?;
+        let vs_peer = peer_ratios(&sweep);
+        if !vs_peer.is_empty() {
+            md.push_str(
+                "\n| model | window | ours ms | llama.cpp ms | ours vs llama.cpp |\n|---|---|---|---|---|\n",
+            );
+            for (model, w, ours, theirs) in &vs_peer {
+                md.push_str(&format!(
+                    "| {model} | {w} | {ours:.1} | {theirs:.1} | {:.2}x |\n",
+                    theirs / ours
+                ));
+            }
+        }
     }
     llada_formats::atomic::write(&a.out_dir.join("runs.csv"), csv.as_bytes())?;
     llada_formats::atomic::write(&a.out_dir.join("report.md"), md.as_bytes())?;
@@ -424,4 +491,38 @@ settings: block {}, threshold {}, multi-block window {} (lookahead below {} mask
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(model: &str, window: usize, ms: f64) -> SweepPoint {
+        SweepPoint {
+            model: model.into(),
+            window,
+            ms,
+            ms_per_token: ms / window as f64,
+        }
+    }
+
+    #[test]
+    fn peer_ratios_pair_each_window_with_the_peers_pass() {
+        let sweep = [
+            point("tiny", 8, 1.0),
+            point("llada-8b-q4_0", 8, 500.0),
+            point("llama.cpp llada-8b-q4_0", 8, 1000.0),
+            point("llada-8b-q4_0", 16, 800.0),
+            point("llama.cpp llada-8b-q4_0", 16, 400.0),
+            point("llada-8b-q4_0", 32, 900.0),
+        ];
+        let r = peer_ratios(&sweep);
+        assert_eq!(
+            r,
+            vec![
+                ("llada-8b-q4_0".to_string(), 8, 500.0, 1000.0),
+                ("llada-8b-q4_0".to_string(), 16, 800.0, 400.0),
+            ]
+        );
+    }
 }
