@@ -71,7 +71,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     // A line at once, whatever stderr is (the bar below draws only on a terminal).
     eprintln!(
-        "benchmarking {}: memory bandwidth, {}prefill of {} and {LONG_PROMPT} tokens and decode of {} tokens, {} runs each{}",
+        "benchmarking {}: memory bandwidth, {}prefill of {} and (if the context holds it) {LONG_PROMPT} tokens and decode of {} tokens, {} runs each{}",
         path.display(),
         if a.no_matmul { "" } else { "the matmul table, " },
         a.prompt_tokens,
