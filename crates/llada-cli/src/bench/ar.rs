@@ -191,6 +191,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
     let bpt = model.bytes_per_token();
     let floor = bw * 1e9 / bpt as f64;
+    let (prefill_runs, prefill_long_runs, decode_runs) =
+        (prefill.clone(), prefill_long.clone(), decode.clone());
     let prefill_tok_s = median(prefill);
     let prefill512_tok_s = (!prefill_long.is_empty()).then(|| median(prefill_long));
     let decode_tok_s = median(decode);
@@ -250,6 +252,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "prefill512_runs": peer_prefill_long,
                 "decode_runs": peer_decode,
             });
+            // Our per-round figures beside the peer's (the rounds pair them up).
+            j["prefill_runs"] = serde_json::json!(prefill_runs);
+            j["prefill512_runs"] = serde_json::json!(prefill_long_runs);
+            j["decode_runs"] = serde_json::json!(decode_runs);
             j["decode_vs_peer"] = serde_json::json!(decode_vs);
             j["prefill_vs_peer"] = serde_json::json!(prefill_vs);
             j["prefill512_vs_peer"] = serde_json::json!(prefill512_vs);
