@@ -14,7 +14,7 @@ use llada_zoo::bench::diffusion::{
     paired_speedup, prompts_for, run_interleaved, strategy, sweep_model, Run, StrategySettings,
     SweepPoint, STRATEGIES,
 };
-use llada_zoo::bench::peer;
+use llada_zoo::bench::peer::{self, peer_ratios};
 use llada_zoo::Progress;
 use std::path::{Path, PathBuf};
 
@@ -124,19 +124,6 @@ impl DiffusionBenchArgs {
             max_probes: self.max_probes,
         }
     }
-}
-
-/// (model, window, our ms, llama.cpp's ms) for every window measured by both.
-fn peer_ratios(sweep: &[SweepPoint]) -> Vec<(String, usize, f64, f64)> {
-    sweep
-        .iter()
-        .filter_map(|p| {
-            let theirs = sweep
-                .iter()
-                .find(|q| q.window == p.window && q.model == format!("llama.cpp {}", p.model))?;
-            Some((p.model.clone(), p.window, p.ms, theirs.ms))
-        })
-        .collect()
 }
 
 fn model_name(p: &Path) -> String {
@@ -491,38 +478,4 @@ settings: block {}, threshold {}, multi-block window {} (lookahead below {} mask
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn point(model: &str, window: usize, ms: f64) -> SweepPoint {
-        SweepPoint {
-            model: model.into(),
-            window,
-            ms,
-            ms_per_token: ms / window as f64,
-        }
-    }
-
-    #[test]
-    fn peer_ratios_pair_each_window_with_the_peers_pass() {
-        let sweep = [
-            point("tiny", 8, 1.0),
-            point("llada-8b-q4_0", 8, 500.0),
-            point("llama.cpp llada-8b-q4_0", 8, 1000.0),
-            point("llada-8b-q4_0", 16, 800.0),
-            point("llama.cpp llada-8b-q4_0", 16, 400.0),
-            point("llada-8b-q4_0", 32, 900.0),
-        ];
-        let r = peer_ratios(&sweep);
-        assert_eq!(
-            r,
-            vec![
-                ("llada-8b-q4_0".to_string(), 8, 500.0, 1000.0),
-                ("llada-8b-q4_0".to_string(), 16, 800.0, 400.0),
-            ]
-        );
-    }
 }

@@ -203,6 +203,20 @@ pub fn batch_pass(bin_dir: &Path, model: &Path, threads: usize, rows: usize) -> 
     llama_bench(bin_dir, model, threads, rows, 0)
 }
 
+/// (model, window, our ms, llama.cpp's ms) for every window of a sweep measured by both (the
+/// peer's points are named `llama.cpp MODEL`).
+pub fn peer_ratios(sweep: &[super::diffusion::SweepPoint]) -> Vec<(String, usize, f64, f64)> {
+    sweep
+        .iter()
+        .filter_map(|p| {
+            let theirs = sweep
+                .iter()
+                .find(|q| q.window == p.window && q.model == format!("llama.cpp {}", p.model))?;
+            Some((p.model.clone(), p.window, p.ms, theirs.ms))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +347,35 @@ mod tests {
         assert!(
             e.contains("peer failed") && e.contains("failed to load model"),
             "{e}"
+        );
+    }
+
+    fn point(model: &str, window: usize, ms: f64) -> super::super::diffusion::SweepPoint {
+        super::super::diffusion::SweepPoint {
+            model: model.into(),
+            window,
+            ms,
+            ms_per_token: ms / window as f64,
+        }
+    }
+
+    #[test]
+    fn peer_ratios_pair_each_window_with_the_peers_pass() {
+        let sweep = [
+            point("tiny", 8, 1.0),
+            point("llada-8b-q4_0", 8, 500.0),
+            point("llama.cpp llada-8b-q4_0", 8, 1000.0),
+            point("llada-8b-q4_0", 16, 800.0),
+            point("llama.cpp llada-8b-q4_0", 16, 400.0),
+            point("llada-8b-q4_0", 32, 900.0),
+        ];
+        let r = peer_ratios(&sweep);
+        assert_eq!(
+            r,
+            vec![
+                ("llada-8b-q4_0".to_string(), 8, 500.0, 1000.0),
+                ("llada-8b-q4_0".to_string(), 16, 800.0, 400.0),
+            ]
         );
     }
 }
