@@ -25,7 +25,7 @@
 //! Invariants: every byte of a packed row is written, padding as zeros, because an arena
 //! hands out old bytes.
 
-use crate::dequant::kquants::{q2k_value, q3k_scales, q3k_value};
+use crate::dequant::kquants::q3k_scales;
 use crate::dequant::q4k_scale_min;
 use crate::types::GgmlType;
 use half::f16;
@@ -221,9 +221,8 @@ fn zero_padding(lay: &Layout, row: &mut [u8]) {
     row[qbytes + arrays * lay.nbp * 2..].fill(0);
 }
 
-/// Repack the plane kinds. Q5_0/Q5_1, Q4_K, Q5_K and Q6_K (the types real files hold) move
-/// whole words from the GGML bytes to the planes — a streamed model repacks every streamed
-/// layer on every pass; Q2_K and Q3_K decode each super-block's values and write the planes.
+/// Repack the plane kinds: whole bytes move from the GGML blocks to the planes (a streamed
+/// model repacks every streamed layer on every pass).
 fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
     dst.fill(0);
     match lay.kind {
@@ -245,17 +244,12 @@ fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
                         bits_k5(&blk[16..48], &mut dst[lay.bit + 32 * sb..]);
                     }
                     Kind::K6 => planes_k6(blk, dst, lay.nib + 128 * sb, lay.two + 64 * sb),
-                    _ => {
-                        let value: fn(&[u8], usize) -> u8 = match k {
-                            Kind::K3 => q3k_value,
-                            _ => |b, e| q2k_value(&b[16..80], e),
-                        };
-                        let mut v = [0u8; 256];
-                        for (e, x) in v.iter_mut().enumerate() {
-                            *x = value(blk, e);
-                        }
-                        write_planes(lay, &v, 8 * sb, dst);
+                    Kind::K3 => {
+                        twobits_k(&blk[32..96], &mut dst[lay.two + 64 * sb..]);
+                        // Q3_K's hmask has Q5_K's qh layout (bit s of byte l: sub-block s).
+                        bits_k5(&blk[0..32], &mut dst[lay.bit + 32 * sb..]);
                     }
+                    _ => twobits_k(&blk[16..80], &mut dst[lay.two + 64 * sb..]),
                 }
                 let h = lay.sc + sb * k.header();
                 header(k, blk, &mut dst[h..h + k.header()]);
@@ -320,6 +314,18 @@ fn bits_k5(qh: &[u8], out: &mut [u8]) {
     }
 }
 
+/// Q2_K/Q3_K's `qs[64]` (in each half of 128, byte `l` holds elements `l`, `l + 32`,
+/// `l + 64`, `l + 96` at bits 0, 2, 4, 6) → the two-bit plane of 4 pairs: pair `P` (elements
+/// `64P..64P + 64`) takes bits `4(P % 2)..+4` of bytes `32(P / 2) + j` and `+ 16 + j`.
+fn twobits_k(qs: &[u8], out: &mut [u8]) {
+    for p in 0..4 {
+        let (b0, sh) = (32 * (p / 2), 4 * (p % 2));
+        for j in 0..16 {
+            out[16 * p + j] = ((qs[b0 + j] >> sh) & 0xF) | (((qs[b0 + 16 + j] >> sh) & 0xF) << 4);
+        }
+    }
+}
+
 /// A Q6_K super-block → 8 blocks of nibble plane at `out[nib..nib + 128]` and 4 pairs of
 /// two-bit plane at `out[two..two + 64]`. Block `4h + k` (half `h`, `k` 0..4) takes the low (`k` < 2)
 /// or high nibbles of `ql[64h + 32(k % 2)..]` and bits `2k` of `qh[32h..]`.
@@ -372,47 +378,6 @@ fn header(k: Kind, b: &[u8], h: &mut [u8]) {
         _ => {
             h[0..4].copy_from_slice(&b[80..84]);
             h[4..20].copy_from_slice(&b[0..16]);
-        }
-    }
-}
-
-/// Write the value planes of `lay.kind` for the 8 blocks from block `b0` on, from their 256
-/// unsigned values `v`.
-fn write_planes(lay: &Layout, v: &[u8; 256], b0: usize, dst: &mut [u8]) {
-    let (has_nib, has_two, has_bit) = lay.kind.planes();
-    // The bits each plane takes from a value.
-    let (two_shift, bit_shift) = match lay.kind {
-        Kind::K6 => (4, 0),
-        Kind::K3 => (0, 2),
-        _ => (0, 4),
-    };
-    if has_nib {
-        for (b, blk) in v.chunks_exact(32).enumerate() {
-            for l in 0..16 {
-                dst[lay.nib + 16 * (b0 + b) + l] = (blk[l] & 0xF) | ((blk[16 + l] & 0xF) << 4);
-            }
-        }
-    }
-    for (p, pair) in v.chunks_exact(64).enumerate() {
-        let p = b0 / 2 + p;
-        let (a, b) = pair.split_at(32);
-        if has_two {
-            let t = |x: u8| (x >> two_shift) & 3;
-            for j in 0..16 {
-                dst[lay.two + 16 * p + j] =
-                    t(a[j]) | t(b[j]) << 2 | t(a[16 + j]) << 4 | t(b[16 + j]) << 6;
-            }
-        }
-        if has_bit {
-            let h = |x: u8| ((x >> bit_shift) & 1) as u32;
-            let (mut lo, mut hi) = (0u32, 0u32);
-            for j in 0..16 {
-                lo |= h(a[j]) << j | h(b[j]) << (16 + j);
-                hi |= h(a[16 + j]) << j | h(b[16 + j]) << (16 + j);
-            }
-            let o = lay.bit + 8 * p;
-            dst[o..o + 4].copy_from_slice(&lo.to_le_bytes());
-            dst[o + 4..o + 8].copy_from_slice(&hi.to_le_bytes());
         }
     }
 }
