@@ -27,6 +27,9 @@ const LONG_PROMPT: usize = 512;
 /// Rounds `--peer` needs at least (each round runs ours and the peer's once).
 const MIN_PEER_ROUNDS: usize = 3;
 
+/// Cores other processes may keep busy during a `--peer` comparison before it warns.
+const BUSY_CORES: f64 = 0.1;
+
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.reps == 0 || a.prompt_tokens == 0 {
         bail!("--reps and --prompt-tokens must be at least 1");
@@ -143,6 +146,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let (mut prefill, mut prefill_long, mut decode) = (vec![], vec![], vec![]);
     let (mut peer_prefill, mut peer_prefill_long, mut peer_decode) = (vec![], vec![], vec![]);
     let mut peer_run = None;
+    let cpu_start = peer_dir.as_ref().and(peer::CpuSample::now());
     for _ in 0..reps {
         pb.status("prefill");
         prefill.push(prefill_speed(&model, &lane, &prompt)?);
@@ -173,6 +177,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             peer_decode.push(peer::llama_bench(dir, &path, threads, 0, a.gen_tokens)?);
             pb.inc(1);
         }
+    }
+    // How busy other processes kept the cores during the rounds (with --peer).
+    let others = cpu_start.and_then(|c| c.others_since());
+    if let Some(o) = others.filter(|o| *o > BUSY_CORES) {
+        eprintln!(
+            "warning: other processes kept {o:.2} cores busy during the comparison; llama.cpp's \
+             threads wait for each other and slow down far more than ours when a core is taken: \
+             compare on a quiet machine"
+        );
     }
     if let Some(p) = &a.trace {
         let recs = Tracer::global().drain();
@@ -256,6 +269,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             j["prefill_runs"] = serde_json::json!(prefill_runs);
             j["prefill512_runs"] = serde_json::json!(prefill_long_runs);
             j["decode_runs"] = serde_json::json!(decode_runs);
+            j["others_busy_cores"] = serde_json::json!(others);
             j["decode_vs_peer"] = serde_json::json!(decode_vs);
             j["prefill_vs_peer"] = serde_json::json!(prefill_vs);
             j["prefill512_vs_peer"] = serde_json::json!(prefill512_vs);
@@ -300,6 +314,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!(
             "peer             llama.cpp{commit} (llama-bench -t {threads} -r 1), {reps} rounds interleaved with ours"
         );
+        if let Some(o) = others {
+            println!("other load       {o:.2} cores busy besides this run (/proc/stat)");
+        }
         println!("| measure | ours tok/s | llama.cpp tok/s | ours / llama.cpp |");
         println!("|---|---|---|---|");
         let row = |name: String, ours: Option<f64>, theirs: Option<f64>| {

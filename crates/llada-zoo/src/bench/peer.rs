@@ -217,6 +217,65 @@ pub fn peer_ratios(sweep: &[super::diffusion::SweepPoint]) -> Vec<(String, usize
         .collect()
 }
 
+/// A reading of the machine's CPU time and this process's (with its waited-for children, such
+/// as finished `llama-bench` runs), to tell how busy other processes kept the cores during a
+/// comparison: llama.cpp's threads wait for each other at every operation, so when another
+/// process takes a core its figures fall far more than ours. Linux only (`/proc`).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSample {
+    /// Busy ticks of all cores (user, nice, system, irq, softirq, steal), USER_HZ.
+    machine: u64,
+    /// This process's user and system ticks and its waited-for children's.
+    ours: u64,
+    at: std::time::Instant,
+}
+
+/// The kernel's unit of `/proc` CPU times (USER_HZ: 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+impl CpuSample {
+    /// Now; `None` where `/proc` cannot be read.
+    pub fn now() -> Option<CpuSample> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal [guest guest_nice]
+        if cpu.len() < 8 {
+            return None;
+        }
+        let machine = cpu[0] + cpu[1] + cpu[2] + cpu[5] + cpu[6] + cpu[7];
+        let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces): state is field 3, utime 14,
+        // stime 15, cutime 16, cstime 17.
+        let rest: Vec<&str> = me.get(me.rfind(')')? + 1..)?.split_whitespace().collect();
+        let tick = |i: usize| rest.get(i).and_then(|f| f.parse::<u64>().ok());
+        let ours = tick(11)? + tick(12)? + tick(13)? + tick(14)?;
+        Some(CpuSample {
+            machine,
+            ours,
+            at: std::time::Instant::now(),
+        })
+    }
+
+    /// The cores other processes (and the hypervisor's steal) kept busy on average since this
+    /// sample: 0 on a quiet machine, 1.0 for one core busy throughout.
+    pub fn others_since(&self) -> Option<f64> {
+        let now = CpuSample::now()?;
+        let wall = now.at.duration_since(self.at).as_secs_f64();
+        if wall <= 0.0 {
+            return None;
+        }
+        let machine = now.machine.saturating_sub(self.machine) as f64;
+        let ours = now.ours.saturating_sub(self.ours) as f64;
+        Some(((machine - ours) / USER_HZ / wall).max(0.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,6 +362,21 @@ mod tests {
         let ok = r#"[{"n_prompt": 0, "n_gen": 128, "avg_ts": 123.5, "n_threads": 4}]"#;
         let r = parse_llama_bench_json(ok, 0, 128).unwrap();
         assert_eq!((r.tok_s, r.n_threads), (123.5, 4));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reads_the_cpu_time_of_the_machine_and_of_this_process() {
+        let s = CpuSample::now().expect("/proc is readable");
+        // Spin a little so that some time passes.
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 50 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let others = s.others_since().unwrap();
+        let cores = std::thread::available_parallelism().map_or(64, |n| n.get()) as f64;
+        assert!((0.0..=cores).contains(&others), "{others}");
     }
 
     #[test]
