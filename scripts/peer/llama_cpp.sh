@@ -11,7 +11,7 @@
 # explicitly from /proc/cpuinfo; GGML_NATIVE and AMX stay off (native builds on an AMX Xeon died
 # with SIGILL). The flags used are written to build-flags.txt beside the binaries.
 #
-# Slow: about half an hour on two cores (it builds under `nice -n 15` with -j${JOBS:-2}).
+# Slow: about 20 minutes on two cores (it builds under `nice -n 15` with -j${JOBS:-2}).
 # Not run by CI. Needs: python3 with pip, a C/C++ compiler, cmake (pip installs one if absent).
 set -euo pipefail
 
@@ -22,7 +22,7 @@ for a in "$@"; do
   case "$a" in
     --force) force=1 ;;
     -h | --help)
-      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -158,7 +158,7 @@ nice -n 15 cmake -S "$src" -B "$build" "${common[@]}" "${isa[@]}" > "$root/confi
   echo "llama_cpp.sh: cmake configure failed (log: $root/configure.log)" >&2
   exit 1
 }
-echo "llama_cpp.sh: building ${targets[*]} with -j$jobs (slow: ~30 min on two cores)"
+echo "llama_cpp.sh: building ${targets[*]} with -j$jobs (slow: about 20 minutes on two cores)"
 nice -n 15 cmake --build "$build" --config Release -j "$jobs" --target "${targets[@]}"
 secs=$(($(date +%s) - start))
 

@@ -48,7 +48,7 @@ pub fn find_bin_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     if !bench.is_file() {
         return Err(Error::Invalid(format!(
             "the llama.cpp peer is not built: no llama-bench in {} ({from}); build it once with \
-             {BUILD_SCRIPT} (about half an hour on two cores), or point --peer-dir / {DIR_ENV} at \
+             {BUILD_SCRIPT} (about 20 minutes on two cores), or point --peer-dir / {DIR_ENV} at \
              a directory holding llama-bench",
             dir.display()
         )));
