@@ -3,7 +3,9 @@
 #
 #   1. clones this repository (its committed state) into a temporary directory;
 #   2. installs the binary from the clone with `cargo install --path crates/llada-cli --root TMP`
-#      (the build reuses this checkout's target/ for dependencies);
+#      (built in target/newcomer/, a target directory of its own: the workspace's crates get the
+#      same artifact names from any checkout, so building the clone into this checkout's
+#      target/release would leave the clone's binaries there, pointing at a deleted directory);
 #   3. with an empty model cache (LLADA_CACHE) and from a directory outside the clone, runs every
 #      `llada …` line of the README's "Using it" section above "Longer runs" (the README is the
 #      script), each under a time limit, and checks: exit status 0; with --json, stdout is one
@@ -22,7 +24,7 @@ fi
 echo "newcomer: cloning into $tmp/clone"
 git clone --quiet "$repo" "$tmp/clone"
 echo "newcomer: cargo install --path crates/llada-cli --root $tmp/inst"
-CARGO_TARGET_DIR="$repo/target" cargo install --quiet --locked --path "$tmp/clone/crates/llada-cli" \
+CARGO_TARGET_DIR="$repo/target/newcomer" cargo install --quiet --locked --path "$tmp/clone/crates/llada-cli" \
   --root "$tmp/inst"
 export PATH="$tmp/inst/bin:$PATH"
 export LLADA_CACHE="$tmp/cache"
