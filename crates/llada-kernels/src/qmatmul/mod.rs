@@ -58,6 +58,25 @@ use repack::Kind;
 #[cfg(target_arch = "x86_64")]
 use x86::{avx2, avx512};
 
+/// The plane kernel of kind `k` (Q5_0, Q5_1, K-quants) from `module` (`x86::planes`, AVX2, or
+/// `x86::planes512`, AVX-512 VNNI): its `range` takes the kind as a const parameter.
+#[cfg(target_arch = "x86_64")]
+macro_rules! plane_range {
+    ($module:path, $k:expr, $w:expr, $x:expr, $n0:expr, $n1:expr, $out:expr) => {{
+        use $module as m;
+        match $k {
+            Kind::Q5D16 => m::range::<{ Kind::Q5D16 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::Q5DM16 => m::range::<{ Kind::Q5DM16 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::K4 => m::range::<{ Kind::K4 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::K5 => m::range::<{ Kind::K5 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::K6 => m::range::<{ Kind::K6 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::K3 => m::range::<{ Kind::K3 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::K2 => m::range::<{ Kind::K2 as u8 }>($w, $x, $n0, $n1, $out),
+            Kind::Q4D16 | Kind::Q4DM16 | Kind::Q8D16 => unreachable!("not a plane kind"),
+        }
+    }};
+}
+
 impl QMatrix {
     /// The activation layout this matrix's kernel reads.
     pub fn act_layout(&self) -> ActLayout {
@@ -129,7 +148,7 @@ impl QMatrix {
                         Kind::Q4D16 => avx512::range4::<0>(self, x, n0, n1, out.0),
                         Kind::Q4DM16 => avx512::range4::<1>(self, x, n0, n1, out.0),
                         Kind::Q8D16 => avx512::range8(self, x, n0, n1, out.0),
-                        k => plane_range512(k, self, x, n0, n1, out.0),
+                        k => plane_range!(x86::planes512, k, self, x, n0, n1, out.0),
                     }
                     return;
                 }
@@ -138,7 +157,7 @@ impl QMatrix {
                         Kind::Q4D16 => avx2::range4::<0>(self, x, n0, n1, out.0),
                         Kind::Q4DM16 => avx2::range4::<1>(self, x, n0, n1, out.0),
                         Kind::Q8D16 => avx2::range8(self, x, n0, n1, out.0),
-                        k => plane_range(k, self, x, n0, n1, out.0),
+                        k => plane_range!(x86::planes, k, self, x, n0, n1, out.0),
                     }
                     return;
                 }
@@ -150,58 +169,6 @@ impl QMatrix {
             return kernel(self, x, n0, n1, out.0);
         }
         portable_range(self, x, n0, n1, out.0)
-    }
-}
-
-/// The AVX2 plane kernel of kind `k` (Q5_0, Q5_1, K-quants).
-///
-/// # Safety
-/// As [`QMatrix::range_on`], with AVX2/FMA/F16C present.
-#[cfg(target_arch = "x86_64")]
-unsafe fn plane_range(
-    k: Kind,
-    w: &QMatrix,
-    x: &QuantizedActs,
-    n0: usize,
-    n1: usize,
-    out: *mut f32,
-) {
-    use x86::planes::range;
-    match k {
-        Kind::Q5D16 => range::<{ Kind::Q5D16 as u8 }>(w, x, n0, n1, out),
-        Kind::Q5DM16 => range::<{ Kind::Q5DM16 as u8 }>(w, x, n0, n1, out),
-        Kind::K4 => range::<{ Kind::K4 as u8 }>(w, x, n0, n1, out),
-        Kind::K5 => range::<{ Kind::K5 as u8 }>(w, x, n0, n1, out),
-        Kind::K6 => range::<{ Kind::K6 as u8 }>(w, x, n0, n1, out),
-        Kind::K3 => range::<{ Kind::K3 as u8 }>(w, x, n0, n1, out),
-        Kind::K2 => range::<{ Kind::K2 as u8 }>(w, x, n0, n1, out),
-        Kind::Q4D16 | Kind::Q4DM16 | Kind::Q8D16 => unreachable!("not a plane kind"),
-    }
-}
-
-/// The AVX-512 VNNI plane kernel of kind `k`.
-///
-/// # Safety
-/// As [`QMatrix::range_on`], with AVX-512 F/BW/VNNI and the AVX2 set present.
-#[cfg(target_arch = "x86_64")]
-unsafe fn plane_range512(
-    k: Kind,
-    w: &QMatrix,
-    x: &QuantizedActs,
-    n0: usize,
-    n1: usize,
-    out: *mut f32,
-) {
-    use x86::planes512::range;
-    match k {
-        Kind::Q5D16 => range::<{ Kind::Q5D16 as u8 }>(w, x, n0, n1, out),
-        Kind::Q5DM16 => range::<{ Kind::Q5DM16 as u8 }>(w, x, n0, n1, out),
-        Kind::K4 => range::<{ Kind::K4 as u8 }>(w, x, n0, n1, out),
-        Kind::K5 => range::<{ Kind::K5 as u8 }>(w, x, n0, n1, out),
-        Kind::K6 => range::<{ Kind::K6 as u8 }>(w, x, n0, n1, out),
-        Kind::K3 => range::<{ Kind::K3 as u8 }>(w, x, n0, n1, out),
-        Kind::K2 => range::<{ Kind::K2 as u8 }>(w, x, n0, n1, out),
-        Kind::Q4D16 | Kind::Q4DM16 | Kind::Q8D16 => unreachable!("not a plane kind"),
     }
 }
 
