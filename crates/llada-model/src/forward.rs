@@ -10,6 +10,11 @@
 //!
 //! Logits are returned raw, per row; Dream's one-position shift is the decoder's business.
 //!
+//! Several sequences can share a pass ([`Model::forward_many`], continuous batching): each
+//! brings its own request and KV cache; norms, projections, the MLP and the head run over all
+//! their rows at once (the weights are read once), attention runs per sequence over its own
+//! cache. [`Model::forward`] is the one-sequence case of the same pass.
+//!
 //! The pass reads as its stages: `validate` the request, embed the rows and build their RoPE
 //! tables (`batch`), then per layer a `block` — norm, `attention` (which writes the layer's
 //! K/V), norm, `mlp` — with early exit between blocks (`batch`), and finally the `head` (final
@@ -102,6 +107,12 @@ impl<'a> ForwardRequest<'a> {
     }
 }
 
+/// One sequence's part of a shared pass ([`Model::forward_many`]).
+pub struct SeqPass<'r, 'c> {
+    pub req: ForwardRequest<'r>,
+    pub cache: &'c mut KvCache,
+}
+
 /// Early exit for [`Model::forward_with_exit`].
 pub struct EarlyExit<'a> {
     /// Layer (0-based) after which rows may leave the batch.
@@ -161,7 +172,18 @@ impl Model {
         cache: &mut KvCache,
         exit: Option<&EarlyExit>,
     ) -> Result<ForwardOutput, ModelError> {
-        self.forward_impl(req, cache, exit, None)
+        self.forward_one(req, cache, exit, None)
+    }
+
+    /// One pass over several sequences, each with its own request and cache (continuous
+    /// batching): one output per sequence, in order. Every request is checked before any cache
+    /// is touched; a sequence's outputs are those [`Model::forward`] would give it alone (the
+    /// kernels compute each row independently of the others).
+    pub fn forward_many(&self, seqs: &mut [SeqPass]) -> Result<Vec<ForwardOutput>, ModelError> {
+        if seqs.is_empty() {
+            return Ok(vec![]);
+        }
+        self.forward_impl(seqs, None, None)
     }
 
     /// The residual stream after the first `layers` layers (no final norm, no head) of the
@@ -188,26 +210,49 @@ impl Model {
                 "layer {i} is streamed under the memory budget; self-drafting needs its layers resident"
             )));
         }
-        self.forward_impl(req, cache, None, Some(layers))
+        self.forward_one(req, cache, None, Some(layers))
     }
 
-    /// The pass: checks, embedding, the layers (resident or streamed, early exit between
-    /// them), then the head — or the residual stream when `stop` ends it after that many layers.
-    fn forward_impl(
+    fn forward_one(
         &self,
         req: &ForwardRequest,
         cache: &mut KvCache,
         exit: Option<&EarlyExit>,
         stop: Option<usize>,
     ) -> Result<ForwardOutput, ModelError> {
+        let mut seqs = [SeqPass { req: *req, cache }];
+        let mut out = self.forward_impl(&mut seqs, exit, stop)?;
+        out.pop()
+            .ok_or_else(|| ModelError::Other("a pass returned no output".into()))
+    }
+
+    /// The pass: checks, embedding, the layers (resident or streamed, early exit between
+    /// them), then the head — or the residual stream when `stop` ends it after that many layers.
+    fn forward_impl(
+        &self,
+        seqs: &mut [SeqPass],
+        exit: Option<&EarlyExit>,
+        stop: Option<usize>,
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
         let c = &self.config;
-        let checked = validate::validate(req, c, cache)?;
-        let kv = CacheRead::plan(cache, &checked.slots)?;
+        let checked = seqs
+            .iter()
+            .map(|s| validate::validate(&s.req, c, s.cache))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (s, ch) in seqs.iter().zip(&checked) {
+            CacheRead::check(s.cache, &ch.slots)?;
+        }
+        let reqs: Vec<ForwardRequest> = seqs.iter().map(|s| s.req).collect();
+        let mut parts = Vec::with_capacity(seqs.len());
+        for ((s, ch), req) in seqs.iter_mut().zip(checked).zip(&reqs) {
+            let kv = CacheRead::plan(s.cache, &ch.slots)?;
+            parts.push((req, ch, kv));
+        }
         Tracer::global().next_pass();
-        let mut b = Batch::new(req, checked, c, &self.weights)?;
+        let mut b = Batch::new(parts, c, &self.weights)?;
         // Streamed weights (memory budget): a prefetch thread builds the next streamed layer
         // while this one computes; resident layers are used in place.
-        std::thread::scope(|scope| -> Result<ForwardOutput, ModelError> {
+        std::thread::scope(|scope| -> Result<Vec<ForwardOutput>, ModelError> {
             let stream: Option<Stream> = match stop {
                 Some(_) => None,
                 None => self.store.as_ref().map(|st| (st, st.start(scope, c))),
@@ -232,7 +277,7 @@ impl Model {
                         return Err(ModelError::Other(format!("layer {li} is not loaded")))
                     }
                 };
-                self.block(li, layer, &mut b, &kv, cache)?;
+                self.block(li, layer, &mut b, seqs)?;
                 if let Some(e) = exit.filter(|e| e.layer == li) {
                     b.early_exit(e, li, c)?;
                 }
@@ -250,12 +295,11 @@ impl Model {
         li: usize,
         layer: &Layer,
         b: &mut Batch,
-        kv: &CacheRead,
-        cache: &mut KvCache,
+        seqs: &mut [SeqPass],
     ) -> Result<(), ModelError> {
         let (c, l) = (&self.config, li as i32);
         let h = ops::rmsnorm(&b.x, &layer.attn_norm, c.rms_eps, &b.rows, l);
-        let o = attention::attention(layer, &h, li, b, kv, c, cache)?;
+        let o = attention::attention(layer, &h, li, b, c, seqs)?;
         b.x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         let h = ops::rmsnorm(&b.x, &layer.ffn_norm, c.rms_eps, &b.rows, l);
         let dn = mlp::mlp(layer, &h, b.n, l, c)?;

@@ -19,7 +19,9 @@ mod tensor_names;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use forward::{AttnMask, EarlyExit, ForwardOutput, ForwardRequest, KvWrite, LogitRows};
+pub use forward::{
+    AttnMask, EarlyExit, ForwardOutput, ForwardRequest, KvWrite, LogitRows, SeqPass,
+};
 pub use load::{LoadOptions, Model};
 
 /// Errors from loading or running a model.

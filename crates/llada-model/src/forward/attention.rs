@@ -2,15 +2,15 @@
 //! biases), RoPE, scaled dot-product attention, the layer's K/V written to the cache, and the
 //! output projection.
 //!
-//! Invariants: keys are the valid cache slots the pass does not rewrite, then the batch's own
-//! rows, in that order (one summation order per output: a pass's numbers do not depend on how
+//! Invariants: a row attends within its own sequence only; its keys are the valid slots of
+//! that sequence's cache the pass does not rewrite, then the sequence's own rows, in that order (one summation order per output: a pass's numbers do not depend on how
 //! the rows were batched); every row reads the cache as it was before the pass — the layer's
 //! K/V are written only after all rows have attended.
 
-use super::batch::Batch;
+use super::batch::{Batch, Seg};
 use super::ops::rope;
 use super::validate::CacheRead;
-use super::AttnMask;
+use super::{AttnMask, SeqPass};
 use crate::weights::Layer;
 use crate::{ModelConfig, ModelError};
 use llada_kernels::vecops::{attend_head, KvRows};
@@ -24,9 +24,8 @@ pub(super) fn attention(
     h: &[f32],
     li: usize,
     b: &Batch,
-    kv: &CacheRead,
     c: &ModelConfig,
-    cache: &mut KvCache,
+    seqs: &mut [SeqPass],
 ) -> Result<Vec<f32>, ModelError> {
     let (n, l) = (b.n, li as i32);
     let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
@@ -41,17 +40,26 @@ pub(super) fn attention(
         rope(&mut q, nh, hd, &b.cos, &b.sin);
         rope(&mut k, nkv, hd, &b.cos, &b.sin);
     }
-    let attn = attend((&q, &k, &v), b, kv, c, cache, li);
-    // Deferred cache write for this layer (after every row has read the old cache).
-    for (i, s) in b.slots.iter().enumerate() {
-        if let Some(s) = *s {
-            cache.write(
-                li,
-                s,
-                b.positions[i],
-                &k[i * kvd..(i + 1) * kvd],
-                &v[i * kvd..(i + 1) * kvd],
-            );
+    let mut attn = Vec::with_capacity(n * qd);
+    for (seg, sp) in b.segs.iter().zip(seqs.iter_mut()) {
+        let r = seg.range();
+        let rows = (
+            &q[r.start * qd..r.end * qd],
+            &k[r.start * kvd..r.end * kvd],
+            &v[r.start * kvd..r.end * kvd],
+        );
+        attn.extend(attend(rows, seg, &b.positions[r.clone()], c, sp.cache, li));
+        // Deferred cache write for this layer (after every row has read the old cache).
+        for i in r {
+            if let Some(s) = b.slots[i] {
+                sp.cache.write(
+                    li,
+                    s,
+                    b.positions[i],
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                );
+            }
         }
     }
     let mut aq = None;
@@ -86,16 +94,18 @@ fn qkv(layer: &Layer, h: &[f32], n: usize, l: i32) -> Result<Qkv, ModelError> {
     Ok((q, k, v))
 }
 
-/// Scaled dot-product attention of every live row over its visible keys (`n × q_dim`).
+/// Scaled dot-product attention of a sequence's live rows (`q`, `k`, `v` and `positions` are
+/// theirs) over their visible keys (`n × q_dim`).
 fn attend(
     (q, k, v): (&[f32], &[f32], &[f32]),
-    b: &Batch,
-    kv: &CacheRead,
+    seg: &Seg,
+    positions: &[u32],
     c: &ModelConfig,
     cache: &KvCache,
     li: usize,
 ) -> Vec<f32> {
-    let (n, old_len) = (b.n, kv.old_len);
+    let (n, kv) = (seg.n, &seg.kv);
+    let old_len = kv.old_len;
     let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
     let (qd, kvd) = (c.q_dim(), c.kv_dim());
     let (scale, group) = (1.0 / (hd as f32).sqrt(), nh / nkv);
@@ -114,8 +124,7 @@ fn attend(
         (n * qd * 4) as u64,
         (4 * n * visible_keys * qd) as u64,
     );
-    let mask = b.mask();
-    let positions = &b.positions;
+    let mask = seg.mask();
     let all_cache = shared_cache_keys(mask, kv);
     let all_cache = all_cache.as_deref();
     // One task per (row, KV group): the group's query heads share every key/value row they

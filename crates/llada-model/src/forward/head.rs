@@ -18,17 +18,16 @@ use std::sync::mpsc::Receiver;
 pub(super) type Stream<'s> = (&'s WeightStore, Receiver<Result<Unit, ModelError>>);
 
 impl Model {
-    /// Logits (and features) of the batch's logit rows.
+    /// Logits (and features) of the batch's logit rows, per sequence.
     pub(super) fn head(
         &self,
         b: &Batch,
         stream: Option<&Stream>,
-    ) -> Result<ForwardOutput, ModelError> {
+    ) -> Result<Vec<ForwardOutput>, ModelError> {
         let c = &self.config;
         let w = &self.weights;
         let vocab = c.vocab;
         let m = b.logit_rows.len();
-        let out_rows: Vec<usize> = b.logit_rows.iter().map(|&r| b.alive[r]).collect();
         let h = if m == 0 {
             vec![]
         } else {
@@ -41,23 +40,12 @@ impl Model {
             (None, Some((st, rx))) => streamed_head(st, rx, &h, &mut hq, m, c)?,
             (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
         };
-        if m == 0 {
-            return Ok(ForwardOutput {
-                logits: vec![],
-                rows: vec![],
-                vocab,
-                features: vec![],
-            });
+        if m > 0 {
+            if let Some(map) = &w.vocab_map {
+                logits = map.scatter(&logits, vocab);
+            }
         }
-        if let Some(map) = &w.vocab_map {
-            logits = map.scatter(&logits, vocab);
-        }
-        Ok(ForwardOutput {
-            logits,
-            rows: out_rows,
-            vocab,
-            features: h,
-        })
+        Ok(b.split(&logits, &h, vocab))
     }
 }
 

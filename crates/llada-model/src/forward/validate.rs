@@ -115,6 +115,13 @@ pub(super) struct CacheRead {
 }
 
 impl CacheRead {
+    /// Check the pass's writes `slots` against the cache without touching it.
+    pub fn check(cache: &KvCache, slots: &[Option<usize>]) -> Result<(), ModelError> {
+        let written: Vec<usize> = slots.iter().flatten().copied().collect();
+        cache.plan_write(&written)?;
+        Ok(())
+    }
+
     /// Check the pass's writes `slots` against the cache (no hole past its end), then grow it
     /// to hold them.
     pub fn plan(cache: &mut KvCache, slots: &[Option<usize>]) -> Result<Self, ModelError> {
