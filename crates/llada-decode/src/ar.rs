@@ -1,5 +1,9 @@
 //! Autoregressive generation: chunked prefill, then one token per forward pass with the KV cache,
 //! streaming decoded text and stopping on EOS ids, stop strings, the token budget or the context.
+//!
+//! [`ArSequence`] is one sequence's token-by-token state (sampling, stop rules, the text
+//! stream): [`generate_in`] drives one through its own passes, a server drives many through
+//! shared passes ([`llada_model::Model::forward_many`]); both decide every token the same way.
 
 use crate::sampling::Sampler;
 use crate::SamplingParams;
@@ -122,24 +126,7 @@ pub fn generate_in(
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerateOutput, ModelError> {
     let t0 = Instant::now();
-    let ctx = model.config.max_ctx;
-    if prompt.is_empty() {
-        return Err(ModelError::BadRequest("the prompt is empty".into()));
-    }
-    if prompt.len() >= ctx {
-        return Err(ModelError::ContextOverflow {
-            pos: prompt.len() as u32,
-            ctx,
-        });
-    }
-    cfg.sampling.validate()?;
-    let tok = model.tokenizer.as_ref();
-    let stop_ids: Vec<u32> = if cfg.stop_at_eos {
-        model.stop_ids()
-    } else {
-        vec![]
-    };
-    let mut sampler = Sampler::new(cfg.sampling);
+    let mut seq = ArSequence::new(model, prompt, cfg)?;
     let mut passes = 0;
 
     // Prefill what the cache lacks, in chunks.
@@ -158,69 +145,27 @@ pub fn generate_in(
     let prefill_s = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
-    let mut tokens = Vec::new();
-    let mut stream = TextStream::new();
-    let mut text = String::new();
-    let mut reason = StopReason::MaxTokens;
-    let mut cancelled = false;
-    // What the repetition penalty looks back over: the prompt, then every sampled token.
-    let mut history = prompt.to_vec();
-    while tokens.len() < cfg.max_tokens {
-        let next = sampler.sample_after(&logits, &history);
-        history.push(next);
-        if stop_ids.contains(&next) {
-            reason = StopReason::Eos;
-            break;
+    let reason = loop {
+        let step = seq.advance(&logits, model.tokenizer.as_ref());
+        let cancelled = !step.text.is_empty() && !on_text(&step.text);
+        if cancelled && step.stop != Some(StopReason::StopString) {
+            break StopReason::Cancelled;
         }
-        tokens.push(next);
-        if let Some(t) = tok {
-            let piece = stream.push(t, next);
-            if !piece.is_empty() {
-                let before = text.len();
-                text.push_str(&piece);
-                if let Some(cut) = cfg
-                    .stop_strings
-                    .iter()
-                    .filter_map(|s| {
-                        text[before.saturating_sub(s.len())..]
-                            .find(s.as_str())
-                            .map(|i| i + before.saturating_sub(s.len()))
-                    })
-                    .min()
-                {
-                    let visible = cut.saturating_sub(before);
-                    on_text(&piece[..visible.min(piece.len())]);
-                    text.truncate(cut);
-                    reason = StopReason::StopString;
-                    break;
-                }
-                if !on_text(&piece) {
-                    cancelled = true;
-                }
-            }
-        }
-        if cancelled {
-            reason = StopReason::Cancelled;
-            break;
-        }
-        if tokens.len() >= cfg.max_tokens {
-            break;
-        }
-        let pos = (prompt.len() + tokens.len() - 1) as u32;
-        if pos as usize >= ctx {
-            reason = StopReason::Context;
-            break;
-        }
+        let (tok, pos) = match (step.feed, step.stop) {
+            (_, Some(r)) => break r,
+            (Some(f), None) => f,
+            (None, None) => break StopReason::MaxTokens,
+        };
         let out =
-            lane.run(|| model.forward(&ForwardRequest::causal_append(&[next], &[pos]), cache))?;
+            lane.run(|| model.forward(&ForwardRequest::causal_append(&[tok], &[pos]), cache))?;
         passes += 1;
         logits = out.logits;
-    }
+    };
     let decode_s = t1.elapsed().as_secs_f64();
     Ok(GenerateOutput {
-        generated_tokens: tokens.len(),
-        text,
-        tokens,
+        generated_tokens: seq.tokens.len(),
+        text: seq.text,
+        tokens: seq.tokens,
         prompt_tokens: prompt.len(),
         cached_prompt_tokens: cached,
         forward_passes: passes,
@@ -229,4 +174,133 @@ pub fn generate_in(
         total_s: t0.elapsed().as_secs_f64(),
         stop_reason: reason,
     })
+}
+
+/// One autoregressive sequence between passes: it reads the logits of its last row, samples
+/// the next token and says what to feed back, or why it ends.
+///
+/// Invariants: `tokens` are the generated ids (stop ids excluded); `text` is their final text
+/// cut before the first stop string; the sampler's history is the prompt then every sampled id.
+pub struct ArSequence {
+    sampler: Sampler,
+    history: Vec<u32>,
+    stop_ids: Vec<u32>,
+    stop_strings: Vec<String>,
+    stream: TextStream,
+    prompt_len: usize,
+    max_tokens: usize,
+    ctx: usize,
+    /// The generated ids.
+    pub tokens: Vec<u32>,
+    /// Their text so far.
+    pub text: String,
+}
+
+/// What one [`ArSequence::advance`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArStep {
+    /// The sampled id (`None` only when the sequence had already ended).
+    pub token: Option<u32>,
+    /// Newly final text.
+    pub text: String,
+    /// The `(token, position)` row to feed to the next pass, unless the sequence ends.
+    pub feed: Option<(u32, u32)>,
+    /// Why the sequence ends, if it does.
+    pub stop: Option<StopReason>,
+}
+
+impl ArSequence {
+    /// A sequence after `prompt` (checked: non-empty, inside the context; the sampling
+    /// parameters valid).
+    pub fn new(model: &Model, prompt: &[u32], cfg: &GenerateConfig) -> Result<Self, ModelError> {
+        let ctx = model.config.max_ctx;
+        if prompt.is_empty() {
+            return Err(ModelError::BadRequest("the prompt is empty".into()));
+        }
+        if prompt.len() >= ctx {
+            return Err(ModelError::ContextOverflow {
+                pos: prompt.len() as u32,
+                ctx,
+            });
+        }
+        cfg.sampling.validate()?;
+        Ok(Self {
+            sampler: Sampler::new(cfg.sampling),
+            history: prompt.to_vec(),
+            stop_ids: if cfg.stop_at_eos {
+                model.stop_ids()
+            } else {
+                vec![]
+            },
+            stop_strings: cfg.stop_strings.clone(),
+            stream: TextStream::new(),
+            prompt_len: prompt.len(),
+            max_tokens: cfg.max_tokens,
+            ctx,
+            tokens: vec![],
+            text: String::new(),
+        })
+    }
+
+    /// Sample from `logits` (the last row's) and decide: feed the token back, or stop (EOS,
+    /// a stop string, the token budget, the context). `tok` decodes the text (none: no text).
+    pub fn advance(&mut self, logits: &[f32], tok: Option<&Tokenizer>) -> ArStep {
+        let mut step = ArStep {
+            token: None,
+            text: String::new(),
+            feed: None,
+            stop: None,
+        };
+        if self.tokens.len() >= self.max_tokens {
+            step.stop = Some(StopReason::MaxTokens);
+            return step;
+        }
+        let next = self.sampler.sample_after(logits, &self.history);
+        self.history.push(next);
+        step.token = Some(next);
+        if self.stop_ids.contains(&next) {
+            step.stop = Some(StopReason::Eos);
+            return step;
+        }
+        self.tokens.push(next);
+        if let Some(cut) = tok.and_then(|t| self.push_text(t, next, &mut step.text)) {
+            self.text.truncate(cut);
+            step.stop = Some(StopReason::StopString);
+            return step;
+        }
+        if self.tokens.len() >= self.max_tokens {
+            step.stop = Some(StopReason::MaxTokens);
+            return step;
+        }
+        let pos = (self.prompt_len + self.tokens.len() - 1) as u32;
+        if pos as usize >= self.ctx {
+            step.stop = Some(StopReason::Context);
+            return step;
+        }
+        step.feed = Some((next, pos));
+        step
+    }
+
+    /// Decode `id` into the text; `piece` gets what became final. Returns where a stop string
+    /// cuts the text, if one appeared (then `piece` ends before it).
+    fn push_text(&mut self, tok: &Tokenizer, id: u32, piece_out: &mut String) -> Option<usize> {
+        let piece = self.stream.push(tok, id);
+        if piece.is_empty() {
+            return None;
+        }
+        let before = self.text.len();
+        self.text.push_str(&piece);
+        let text = &self.text;
+        let cut = self
+            .stop_strings
+            .iter()
+            .filter_map(|s| {
+                let from = before.saturating_sub(s.len());
+                text[from..].find(s.as_str()).map(|i| i + from)
+            })
+            .min();
+        let visible = cut.map_or(piece.len(), |c| c.saturating_sub(before).min(piece.len()));
+        piece_out.push_str(&piece[..visible]);
+        cut
+    }
 }
