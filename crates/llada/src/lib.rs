@@ -37,11 +37,13 @@ pub mod engine;
 pub mod error;
 pub mod load;
 pub mod models;
+pub mod sampling;
 pub mod session;
 
 pub use draft::DraftSource;
 pub use engine::{Engine, EngineOptions, Prompt};
 pub use error::{Error, Result};
+pub use sampling::SamplingChoice;
 pub use session::{
     Ahasd, Diffusion, Event, GenerateOptions, Generation, Mode, Session, Speculative, Stats,
 };

@@ -61,17 +61,6 @@ pub struct ModelArgs {
     pub storage_bw: Option<f64>,
 }
 
-/// Sampling defaults of `generate` and `chat` (autoregressive and speculative modes): those of
-/// llama.cpp's and ollama's CLIs, so that a model behaves here as users know it there.
-pub mod sampling_defaults {
-    pub const TEMPERATURE: f32 = 0.8;
-    pub const TOP_K: usize = 40;
-    pub const TOP_P: f32 = 0.95;
-    pub const MIN_P: f32 = 0.05;
-    pub const REPEAT_PENALTY: f32 = 1.1;
-    pub const REPEAT_LAST_N: usize = 64;
-}
-
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Sampling")]
 pub struct SamplingArgs {
@@ -129,35 +118,19 @@ impl SamplingArgs {
         .collect()
     }
 
-    /// The sampling parameters asked for, defaults filled in ([`sampling_defaults`]; greedy
+    /// The sampling parameters asked for, defaults filled in (llama.cpp's: [`llada::sampling::defaults`]; greedy
     /// when `greedy_default` and no temperature is given), checked.
     pub fn params(&self, greedy_default: bool) -> Result<SamplingParams> {
-        use sampling_defaults as d;
-        let default_t = if greedy_default { 0.0 } else { d::TEMPERATURE };
-        let temperature = self.temperature.unwrap_or(default_t);
-        let greedy = temperature <= 0.0;
-        let p = SamplingParams {
-            temperature,
-            top_k: self.top_k.unwrap_or(d::TOP_K),
-            top_p: self.top_p.unwrap_or(d::TOP_P),
-            min_p: self.min_p.unwrap_or(d::MIN_P),
-            // Greedy decoding is exact argmax unless a penalty is asked for.
-            repeat_penalty: self.repeat_penalty.unwrap_or(if greedy {
-                1.0
-            } else {
-                d::REPEAT_PENALTY
-            }),
-            repeat_last_n: self.repeat_last_n.unwrap_or(d::REPEAT_LAST_N),
-            seed: self.seed.unwrap_or_else(|| {
-                if greedy {
-                    0
-                } else {
-                    u64::from(rand::random::<u32>())
-                }
-            }),
+        let choice = llada::SamplingChoice {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
         };
-        p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(p)
+        Ok(choice.resolve(greedy_default)?)
     }
 }
 
