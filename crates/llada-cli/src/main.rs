@@ -1,7 +1,7 @@
 //! `llada`: run LLMs on small machines. A thin front-end over the `llada` library: each
 //! subcommand's file parses its options, calls the library and prints.
 //!
-//! Subcommands: `generate` (one prompt), `chat` (interactive), `fetch` (download a model by
+//! Subcommands: `generate` (one prompt), `chat` (interactive), `serve` (OpenAI-compatible HTTP), `fetch` (download a model by
 //! alias), `info` (what a model file holds), `bench` (speed against the machine's memory
 //! floor), `synth`, `train`, `eval` and the drafts' trainers.
 
@@ -43,6 +43,9 @@ enum Cmd {
     Generate(Box<cmd::generate::GenerateArgs>),
     /// Interactive chat with the model's chat template (/reset clears, /exit quits).
     Chat(cmd::chat::ChatArgs),
+    /// Serve models over HTTP: OpenAI-compatible API (completions, chat, streaming), continuous
+    /// batching of concurrent requests, a playground page at /.
+    Serve(cmd::serve::ServeArgs),
     /// Download a model by alias into the cache (`llada fetch smollm2`); prints its path.
     ///
     /// A model already cached whose size and sha256 match is kept (the check is remembered,
@@ -133,6 +136,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Generate(a) => cmd::generate::run(*a),
         Cmd::Chat(a) => cmd::chat::run(a),
+        Cmd::Serve(a) => cmd::serve::run(a),
         Cmd::Fetch { name, list, force } => cmd::fetch::run(name, list, force),
         Cmd::Info { model, json } => cmd::info::run(&model, json),
         Cmd::Bench(a) => bench::run(a),
