@@ -292,7 +292,11 @@ async fn whole_response(meta: Meta, first: Out, mut rx: UnboundedReceiver<Out>) 
     let mut text = String::new();
     let mut next = Some(first);
     let finish: Finish = loop {
-        match next.take().or(rx.recv().await) {
+        let msg = match next.take() {
+            Some(m) => Some(m),
+            None => rx.recv().await,
+        };
+        match msg {
             Some(Out::Text(t)) => text.push_str(&t),
             Some(Out::Canvas(_)) => {}
             Some(Out::Done(f)) => break f,
