@@ -21,6 +21,7 @@ pub mod weights;
 pub use config::{Arch, ModelConfig};
 pub use forward::{AttnMask, EarlyExit, ForwardOutput, ForwardRequest, KvWrite, LogitRows};
 pub use load::{LoadOptions, Model};
+pub use tensor_names::hf_to_gguf_names;
 
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]
