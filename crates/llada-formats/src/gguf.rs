@@ -772,3 +772,32 @@ impl GgufWriter {
         crate::atomic::write_with(path, |w| w.write_all(&bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor written short, or a writer's error, fails the write and leaves the file that
+    /// was there untouched; a complete write reads back.
+    #[test]
+    fn write_tensors_is_checked_and_atomic() {
+        let dir = std::env::temp_dir().join(format!("llada-wt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        std::fs::write(&p, b"old").unwrap();
+        let mut w = GgufWriter::new();
+        w.kv("general.architecture", Value::String("llama".into()));
+        w.tensor_lazy("a", &[2, 32], GgmlType::Q8_0);
+        let short = w.write_tensors(&p, &mut |_, s| s.write_all(&[0u8; 34]));
+        assert!(short.unwrap_err().to_string().contains("34 bytes written"));
+        let failed = w.write_tensors(&p, &mut |_, _| Err(std::io::Error::other("boom")));
+        assert!(failed.unwrap_err().to_string().contains("boom"));
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        w.write_tensors(&p, &mut |_, s| s.write_all(&[0u8; 68]))
+            .unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), w.file_len());
+        let g = GgufFile::open(&p).unwrap();
+        assert_eq!(g.tensors["a"].len, 68);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
