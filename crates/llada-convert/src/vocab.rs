@@ -70,7 +70,7 @@ fn pre_name(pre: &J, path: &Path) -> Result<&'static str, ConvertError> {
     let kinds: Vec<String> = parts.iter().map(|p| ty(p)).collect();
     let k: Vec<&str> = kinds.iter().map(String::as_str).collect();
     match k.as_slice() {
-        ["ByteLevel"] if use_regex(parts[0]) => Ok("gpt2"),
+        ["ByteLevel"] if use_regex(parts[0]) => Ok("gpt-2"),
         ["Digits", "ByteLevel"]
             if parts[0].get("individual_digits") == Some(&J::Bool(true)) && use_regex(parts[1]) =>
         {
