@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it on a fresh clone:
-#   1. numpy for the independent Python reference (tests/reference/),
+#   1. numpy for the independent Python reference (tests/reference/), gguf (llama.cpp's gguf-py)
+#      to check converted files,
 #   2. the reference fixtures: tiny LLaDA/Dream/LLaMA/Qwen2 checkpoints + golden logits,
 #   3. the default model (SmolLM2-135M-Instruct Q4_1) and the Qwen2.5-Coder 0.5B/1.5B pair into
 #      the user cache via `llada fetch`,
@@ -12,6 +13,11 @@ cd "$(dirname "$0")/.."
 
 if ! python3 -c "import numpy" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check numpy
+fi
+# llama.cpp's own GGUF reader (gguf-py), which checks what `llada convert` writes
+# (tests/reference/check_convert.py, crates/llada-convert/tests/convert.rs).
+if ! python3 -c "import gguf" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check gguf
 fi
 python3 tests/reference/make_fixtures.py tests/fixtures
 python3 tests/reference/selftest.py

@@ -3,7 +3,7 @@
 //!
 //! Subcommands: `generate` (one prompt), `chat` (interactive), `serve` (OpenAI-compatible HTTP), `fetch` (download a model by
 //! alias), `info` (what a model file holds), `bench` (speed against the machine's memory
-//! floor), `synth`, `train`, `eval` and the drafts' trainers.
+//! floor), `convert` / `quantize` (to GGUF), `synth`, `train`, `eval` and the drafts' trainers.
 
 mod bench;
 mod cmd;
@@ -77,6 +77,11 @@ enum Cmd {
     /// Write a GGUF with a real model's shapes (LLaDA-8B, Dream-7B, LLaMA-3-8B) and random
     /// quantized weights, for speed and memory measurements without a download.
     Synth(cmd::synth::SynthArgs),
+    /// Convert a Hugging Face checkpoint (LLaMA, Qwen2, LLaDA, Dream) to GGUF in llama.cpp's
+    /// layout: f16, bf16, q8_0, q4_k_m, … (one tensor at a time; memory stays bounded).
+    Convert(cmd::convert::ConvertArgs),
+    /// Requantize a GGUF file to another type (q4_k_m, q8_0, f16, …) with llama.cpp's rules.
+    Quantize(cmd::quantize::QuantizeArgs),
     /// Train a tiny model of the zoo (`--preset tiny-llada-tasks`, …), saved as an HF directory.
     Train(cmd::train::TrainArgs),
     /// Evaluate a model: exact match per task (diffusion task models), held-out NLL (prose
@@ -141,6 +146,8 @@ fn main() {
         Cmd::Info { model, json } => cmd::info::run(&model, json),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Synth(a) => cmd::synth::run(a),
+        Cmd::Convert(a) => cmd::convert::run(a),
+        Cmd::Quantize(a) => cmd::quantize::run(a),
         Cmd::Train(a) => cmd::train::run(a),
         Cmd::Eval(a) => cmd::eval::run(a),
         Cmd::TrainProbe(a) => cmd::train_probe::run(a),

@@ -710,9 +710,94 @@ impl GgufWriter {
             Ok(())
         })
     }
+    /// Write to `path` (atomically, like [`Self::write_streaming`]), asking
+    /// `write_tensor(i, w)` to write the whole data of each lazy tensor `i` in turn (tensors
+    /// converted one at a time). Writing more or fewer bytes than the tensor's size is an
+    /// error (the file would be corrupt), as is any error `write_tensor` returns; either way
+    /// no file is left under `path`.
+    pub fn write_tensors(
+        &self,
+        path: &Path,
+        write_tensor: &mut dyn FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<(), FormatError> {
+        /// Counts what passes through.
+        struct Counting<'a>(&'a mut dyn Write, u64);
+        impl Write for Counting<'_> {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = self.0.write(b)?;
+                self.1 += n as u64;
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                self.0.flush()
+            }
+        }
+        crate::atomic::write_with(path, |w| {
+            let header = self.header();
+            w.write_all(&header)?;
+            let mut pos = header.len();
+            for (i, (name, _, _, data)) in self.tensors.iter().enumerate() {
+                let len = self.data_len(i);
+                if data.len() == len {
+                    w.write_all(data)?;
+                } else {
+                    let mut c = Counting(w, 0);
+                    write_tensor(i, &mut c)?;
+                    if c.1 != len as u64 {
+                        return Err(std::io::Error::other(format!(
+                            "tensor '{name}': {} bytes written, its type and shape make {len}",
+                            c.1
+                        )));
+                    }
+                }
+                pos += len;
+                let pad = pos.next_multiple_of(32) - pos;
+                w.write_all(&[0u8; 32][..pad])?;
+                pos += pad;
+            }
+            Ok(())
+        })
+    }
+    /// Size in bytes of the file [`Self::write`] would write.
+    pub fn file_len(&self) -> u64 {
+        let mut n = self.header().len() as u64;
+        for i in 0..self.tensors.len() {
+            n = (n + self.data_len(i) as u64).next_multiple_of(32);
+        }
+        n
+    }
     /// Write to `path` (atomically, like [`Self::write_streaming`]).
     pub fn write(&self, path: &Path) -> Result<(), FormatError> {
         let bytes = self.to_bytes();
         crate::atomic::write_with(path, |w| w.write_all(&bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor written short, or a writer's error, fails the write and leaves the file that
+    /// was there untouched; a complete write reads back.
+    #[test]
+    fn write_tensors_is_checked_and_atomic() {
+        let dir = std::env::temp_dir().join(format!("llada-wt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        std::fs::write(&p, b"old").unwrap();
+        let mut w = GgufWriter::new();
+        w.kv("general.architecture", Value::String("llama".into()));
+        w.tensor_lazy("a", &[2, 32], GgmlType::Q8_0);
+        let short = w.write_tensors(&p, &mut |_, s| s.write_all(&[0u8; 34]));
+        assert!(short.unwrap_err().to_string().contains("34 bytes written"));
+        let failed = w.write_tensors(&p, &mut |_, _| Err(std::io::Error::other("boom")));
+        assert!(failed.unwrap_err().to_string().contains("boom"));
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        w.write_tensors(&p, &mut |_, s| s.write_all(&[0u8; 68]))
+            .unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), w.file_len());
+        let g = GgufFile::open(&p).unwrap();
+        assert_eq!(g.tensors["a"].len, 68);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

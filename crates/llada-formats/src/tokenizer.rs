@@ -349,7 +349,7 @@ impl Tokenizer {
             "llama-bpe" | "llama3" => {
                 json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
             }
-            "gpt2" | "default" => byte_level(true),
+            "gpt2" | "gpt-2" | "default" => byte_level(true),
             other => return Err(terr(format!("pre-tokenizer '{other}' is not supported"))),
         };
         let doc = json!({

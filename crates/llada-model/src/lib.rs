@@ -23,6 +23,7 @@ pub use forward::{
     AttnMask, EarlyExit, ForwardOutput, ForwardRequest, KvWrite, LogitRows, SeqPass,
 };
 pub use load::{LoadOptions, Model};
+pub use tensor_names::hf_to_gguf_names;
 
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]

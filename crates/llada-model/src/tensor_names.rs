@@ -144,6 +144,32 @@ pub(crate) fn hf_names(arch: Arch, i: usize) -> Names {
     }
 }
 
+/// Every tensor of a model of config `c` as (HF name, GGUF name): the token embedding, each
+/// layer's nine matrices/norms (and q/k/v biases when the config has them), the final norm and
+/// the LM head (absent when the embeddings are tied). The one table `llada convert` maps by.
+pub fn hf_to_gguf_names(c: &ModelConfig) -> Vec<(String, String)> {
+    let (hf, gg) = (Scheme::Hf(c.arch), Scheme::Gguf);
+    let mut v = Vec::new();
+    let globals = |s: Scheme| {
+        let (e, n, h) = s.globals();
+        [e, n, h].map(String::from)
+    };
+    let ([he, hn, hh], [ge, gn, gh]) = (globals(hf), globals(gg));
+    v.push((he, ge));
+    for i in 0..c.n_layers {
+        v.extend(
+            hf.layer_tensors(c, i)
+                .into_iter()
+                .zip(gg.layer_tensors(c, i)),
+        );
+    }
+    v.push((hn, gn));
+    if !c.tied_embeddings {
+        v.push((hh, gh));
+    }
+    v
+}
+
 /// The layer a tensor belongs to under `scheme` (`blk.N.*`, `model.layers.N.*`,
 /// `model.transformer.blocks.N.*`), if it is a layer tensor.
 pub(crate) fn layer_of(scheme: Scheme, name: &str) -> Option<u64> {
