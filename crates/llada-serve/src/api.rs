@@ -321,13 +321,15 @@ impl ChatRequest {
                         for p in parts {
                             match (&*p.kind, &p.text) {
                                 ("text", Some(x)) => t.push_str(x),
-                                _ => return Err(ApiError::bad(
-                                    "messages",
-                                    format!(
+                                _ => {
+                                    return Err(ApiError::bad(
+                                        "messages",
+                                        format!(
                                         "messages[{i}]: content part of type {:?}: text parts only",
                                         p.kind
                                     ),
-                                )),
+                                    ))
+                                }
                             }
                         }
                         t

@@ -188,6 +188,7 @@ impl Batcher<'_> {
             if !self.active.is_empty() {
                 self.pass();
             }
+            self.metrics.set_load(self.waiting.len(), self.active.len());
         }
     }
 
