@@ -5,7 +5,8 @@
 #   2. the reference fixtures: tiny LLaDA/Dream/LLaMA/Qwen2 checkpoints + golden logits,
 #   3. the default model (SmolLM2-135M-Instruct Q4_1) and the Qwen2.5-Coder 0.5B/1.5B pair into
 #      the user cache via `llada fetch`,
-#   4. formatting and lints, then every Rust test;
+#   4. formatting and lints, then every Rust test, then `llada serve` through the official
+#      `openai` Python client (tests/serve/);
 #   5. with --ci, the newcomer test (scripts/newcomer.sh): the README's commands run from a fresh
 #      clone's installed binary, outside the clone, with an empty model cache.
 set -euo pipefail
@@ -18,6 +19,10 @@ fi
 # (tests/reference/check_convert.py, crates/llada-convert/tests/convert.rs).
 if ! python3 -c "import gguf" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check gguf
+fi
+# The official OpenAI client, which tests/serve/openai_client.py drives `llada serve` with.
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check openai
 fi
 python3 tests/reference/make_fixtures.py tests/fixtures
 python3 tests/reference/selftest.py
@@ -37,6 +42,8 @@ fi
 cargo test --release --workspace
 # The library's first screen of docs, run: every mode through the facade.
 cargo run --release --quiet -p llada --example embed
+# `llada serve` as OpenAI's own client sees it (outputs equal to `llada generate`'s).
+python3 tests/serve/openai_client.py target/release/llada
 # --- aarch64 (NEON) kernels under qemu-user ------------------------------------------------------
 # llada-kernels cross-compiled for 64-bit ARM, its tests run under `qemu-aarch64 -cpu max`
 # (.cargo/config.toml: linker and runner; `-cpu max` has dotprod, so both NEON paths are checked).
