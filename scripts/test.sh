@@ -6,7 +6,7 @@
 #   3. the default model (SmolLM2-135M-Instruct Q4_1) and the Qwen2.5-Coder 0.5B/1.5B pair into
 #      the user cache via `llada fetch`,
 #   4. formatting and lints, then every Rust test, then `llada serve` through the official
-#      `openai` Python client (tests/serve/);
+#      `openai` Python client and its playground page in headless Chromium (tests/serve/);
 #   5. with --ci, the newcomer test (scripts/newcomer.sh): the README's commands run from a fresh
 #      clone's installed binary, outside the clone, with an empty model cache.
 set -euo pipefail
@@ -23,6 +23,10 @@ fi
 # The official OpenAI client, which tests/serve/openai_client.py drives `llada serve` with.
 if ! python3 -c "import openai" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check openai
+fi
+# selenium drives headless Chromium through the playground page (tests/serve/browser_test.py).
+if ! python3 -c "import selenium" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check selenium
 fi
 python3 tests/reference/make_fixtures.py tests/fixtures
 python3 tests/reference/selftest.py
@@ -44,6 +48,15 @@ cargo test --release --workspace
 cargo run --release --quiet -p llada --example embed
 # `llada serve` as OpenAI's own client sees it (outputs equal to `llada generate`'s).
 python3 tests/serve/openai_client.py target/release/llada
+# The playground page (GET /) in headless Chromium: a diffusion answer drawn from all-masked to
+# the text `llada generate` gives, a chat, a stop, speculative counts, no console errors.
+# Debian's chromium and its chromedriver (selenium's own driver download is not used).
+if ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq chromium chromium-driver
+fi
+python3 tests/serve/browser_test.py "${CARGO_TARGET_DIR:-target}/release/llada"
 # --- aarch64 (NEON) kernels under qemu-user ------------------------------------------------------
 # llada-kernels cross-compiled for 64-bit ARM, its tests run under `qemu-aarch64 -cpu max`
 # (.cargo/config.toml: linker and runner; `-cpu max` has dotprod, so both NEON paths are checked).
