@@ -4,17 +4,19 @@
 A server with an API key serves tiny-llada-tasks (diffusion) and smollm2 (autoregressive). The
 test opens the page, checks that it asks for the key (the model list answers 401 without it),
 types the key, and then:
-  - sends a raw prompt to the diffusion model, twice (strategies vanilla and revision): the
+  - sends a raw prompt to the diffusion model, twice (strategies vanilla, and revision on a
+    prompt where it revises committed tokens, which the page counts and flashes): the
     page's recorded canvas frames go from all-masked through at least one partly-masked frame
     to no masked position, the last frame's text, the chat bubble's text and the reply equal
     `llada generate -m tiny-llada-tasks --mode diffusion --raw` with the same settings;
   - replays a recorded frame with the scrubber;
   - stops a long smollm2 reply with Esc, then chats with smollm2 (greedy): the streamed reply
     equals `llada generate -t 0`'s and the canvas panel stays hidden;
+  - sends a request the server refuses (threshold 5): the page shows its error message;
   - on a second server with `--draft ngram`, shows usage's accepted of drafted tokens, the
     reply again equal to `llada generate`'s;
-  - the browser console holds no error and no warning (besides the 401 of the first model
-    list, asked for before the key was typed).
+  - the browser console holds no error and no warning but the network's own lines for the
+    401 of the first model list (asked for before the key was typed) and the refused request.
 
 Usage: tests/serve/browser_test.py [PATH_TO_LLADA_BINARY]   (default: target/release/llada)
 LLADA_BROWSER_SCREENSHOT=FILE.png saves the page as the diffusion check left it.
@@ -151,15 +153,16 @@ def send(drv, text):
     return st
 
 
-def check_diffusion(drv, prompt, gen_length, block_length, strategy):
+def check_diffusion(drv, prompt, gen_length, block_length, strategy, threshold=""):
     want = generate("-m", "tiny-llada-tasks", "--mode", "diffusion", "--raw", "-t", "0",
                     "--gen-length", str(gen_length), "--block-length", str(block_length),
-                    "--strategy", strategy, prompt)
+                    "--strategy", strategy, prompt,
+                    *(["--threshold", str(threshold)] if threshold != "" else []))
     Select(drv.find_element(By.ID, "model")).select_by_value("tiny-llada-tasks")
     Select(drv.find_element(By.ID, "endpoint")).select_by_value("completion")
     Select(drv.find_element(By.ID, "strategy")).select_by_value(strategy)
     for field, v in (("gen_length", gen_length), ("block_length", block_length),
-                     ("temperature", 0), ("max_tokens", "")):
+                     ("temperature", 0), ("max_tokens", ""), ("threshold", threshold)):
         fill(drv, field, v)
     st = send(drv, prompt)
     frames = st["frames"]
@@ -184,9 +187,11 @@ def check_diffusion(drv, prompt, gen_length, block_length, strategy):
     assert steps == len(frames) - (frames[0]["origin"] == "page"), (steps, len(frames))
     u = st["usage"]
     assert u and u["completion_tokens"] > 0 and u["forward_passes"] > 0, u
+    revised = sum(c["r"] for f in frames for c in f["cells"])
+    assert int(drv.find_element(By.ID, "c-rev").text) == revised
     print(f"  diffusion {strategy}: {prompt!r} -> {want!r}: {len(frames)} frames "
-          f"(masked per frame {masked}), {u['forward_passes']} forward passes")
-    return len(frames)
+          f"(masked per frame {masked}), {revised} revisions, {u['forward_passes']} forward passes")
+    return len(frames), revised
 
 
 def check_scrub(drv):
@@ -217,6 +222,25 @@ def check_stop(drv):
     st = drv.execute_script("return window.llada.status")
     assert st == "stopped", st
     assert drv.find_element(By.ID, "status").text == "Stopped."
+
+
+def check_error(drv):
+    """A request the server refuses: its OpenAI error message shows as an alert, and the only
+    console entry is the network's 400."""
+    Select(drv.find_element(By.ID, "model")).select_by_value("tiny-llada-tasks")
+    Select(drv.find_element(By.ID, "endpoint")).select_by_value("completion")
+    fill(drv, "threshold", 5)
+    runs = drv.execute_script("return window.llada.runs")
+    drv.find_element(By.ID, "prompt").send_keys("sort:2 1=\n")
+    wait_js(drv, f"window.llada.runs > {runs}", "the refusal")
+    fill(drv, "threshold", "")
+    assert drv.execute_script("return window.llada.status") == "error"
+    alert = drv.find_elements(By.CSS_SELECTOR, ".msg.error[role=alert]")[-1].text
+    assert "400" in alert and "threshold" in alert, alert
+    logs = problems(drv)
+    assert len(logs) == 1 and logs[0]["source"] == "network" and "400" in logs[0]["message"] \
+        and "/v1/completions" in logs[0]["message"], logs
+    print(f"  refused request shown: {alert.splitlines()[-1]!r}")
 
 
 def check_chat(drv):
@@ -278,15 +302,19 @@ def main():
         models = [o.get_attribute("value") for o in
                   Select(drv.find_element(By.ID, "model")).options]
         assert models == want_models, models
-        frames = check_diffusion(drv, "sort:3 1 4 9 2=", 16, 8, "vanilla")
+        frames, _ = check_diffusion(drv, "sort:3 1 4 9 2=", 16, 8, "vanilla")
         if os.environ.get("LLADA_BROWSER_SCREENSHOT"):
             drv.save_screenshot(os.environ["LLADA_BROWSER_SCREENSHOT"])
-        frames += check_diffusion(drv, "1>add:12+34=;2>rev:abc=;", 32, 8, "revision")
+        # A prompt on which the revision strategy changes committed tokens.
+        n, revised = check_diffusion(drv, "add:123+456=", 32, 8, "revision", 0.9)
+        assert revised > 0, "no revision to flash"
+        frames += n
         check_scrub(drv)
         check_stop(drv)
         check_chat(drv)
         late = problems(drv)
         assert not late, f"console errors or warnings: {late}"
+        check_error(drv)
         stop_server(server)
         spec, spec_base = start_server("-m", "smollm2", "--draft", "ngram")
         check_speculative(drv, spec_base)
