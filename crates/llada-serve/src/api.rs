@@ -253,7 +253,7 @@ impl Common {
         match self.block_length {
             Some(b) => o.block_length = positive("block_length", b, 4096)?,
             // One block when the default does not divide the answer.
-            None if o.gen_length % o.block_length != 0 => o.block_length = o.gen_length,
+            None if !o.gen_length.is_multiple_of(o.block_length) => o.block_length = o.gen_length,
             None => {}
         }
         o.block_length = o.block_length.min(o.gen_length);
