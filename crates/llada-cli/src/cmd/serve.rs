@@ -85,10 +85,12 @@ fn named(spec: &str) -> Result<(String, String)> {
 fn share_budget(budget: Option<&str>, models: usize) -> Result<Option<String>> {
     use llada_model::store::Budget;
     let Some(b) = budget else { return Ok(None) };
-    Ok(Some(match Budget::parse(b).map_err(anyhow::Error::msg)? {
-        Budget::Bytes(n) => (n / models.max(1) as u64).to_string(),
-        Budget::Fraction(_) => b.to_string(),
-    }))
+    Ok(Some(
+        match Budget::parse(b).map_err(anyhow::Error::msg)? {
+            Budget::Bytes(n) => (n / models.max(1) as u64).to_string(),
+            Budget::Fraction(_) => b.to_string(),
+        },
+    ))
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
