@@ -250,8 +250,11 @@ impl Common {
             None if max_given => max_tokens.min(4096),
             None => 64,
         };
-        if let Some(b) = self.block_length {
-            o.block_length = positive("block_length", b, 4096)?;
+        match self.block_length {
+            Some(b) => o.block_length = positive("block_length", b, 4096)?,
+            // One block when the default does not divide the answer.
+            None if !o.gen_length.is_multiple_of(o.block_length) => o.block_length = o.gen_length,
+            None => {}
         }
         o.block_length = o.block_length.min(o.gen_length);
         if let Some(s) = self.steps {
@@ -266,8 +269,7 @@ impl Common {
         if let Some(s) = self.seed {
             o.seed = s;
         }
-        o.config()
-            .map_err(|e| ApiError::bad("gen_length", format!("diffusion options: {e}")))?;
+        // The combination is checked where the model is known to be a diffusion model.
         Ok(o)
     }
 }

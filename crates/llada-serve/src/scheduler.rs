@@ -20,6 +20,7 @@ use llada_decode::{GenerateConfig, StopReason};
 use llada_formats::tokenizer::Message;
 use llada_model::{ForwardRequest, LogitRows, SeqPass};
 use llada_runtime::KvCache;
+use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -323,27 +324,44 @@ impl Batcher<'_> {
             }
         };
         let tok = model.tokenizer.as_ref();
-        let mut ended = vec![];
+        // The prompt rows are in; each sequence whose last row has logits samples its next
+        // token — in parallel on the lane's threads (a top-k selection over the vocabulary per
+        // sequence is too much for this thread alone at 32 sequences).
+        let mut work: Vec<(usize, &mut Seq, Vec<f32>)> = vec![];
+        let mut by_index: Vec<Option<&mut Seq>> = self.active.iter_mut().map(Some).collect();
         for ((i, toks, _, last), o) in rows.iter().zip(outs) {
-            let s = &mut self.active[*i];
+            let Some(s) = by_index[*i].take() else {
+                continue;
+            };
             s.passes += 1;
             if s.fed < s.prompt.len() {
                 s.fed += toks.len();
             }
-            if !last {
-                continue;
+            if *last {
+                work.push((*i, s, o.logits));
             }
+        }
+        let steps: Vec<(usize, ArStep)> = self.engine.lane().run(|| {
+            work.par_iter_mut()
+                .map(|(i, s, logits)| (*i, s.ar.advance(logits, tok)))
+                .collect()
+        });
+        drop(work);
+        let mut ended = vec![];
+        for (i, step) in steps {
+            let s = &mut self.active[i];
             let ArStep {
                 text, feed, stop, ..
-            } = s.ar.advance(&o.logits, tok);
+            } = step;
             s.next = feed;
             if !text.is_empty() && s.job.tx.send(Out::Text(text)).is_err() {
                 continue; // The client went away: removed before the next pass.
             }
             if let Some(r) = stop {
-                ended.push((*i, r));
+                ended.push((i, r));
             }
         }
+        ended.sort_unstable_by_key(|e| e.0);
         for (i, r) in ended.into_iter().rev() {
             let s = self.active.swap_remove(i);
             let usage = Usage {

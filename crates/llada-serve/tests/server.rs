@@ -376,10 +376,11 @@ fn hostile_requests_get_their_4xx_and_the_server_keeps_serving() {
     s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pr")
         .unwrap();
     drop(s);
+    // Diffusion-only rules (answer length a multiple of the block) do not apply here.
     let (st, v) = post(
         addr,
         "/v1/completions",
-        &json!({"prompt": "Hi", "max_tokens": 2}),
+        &json!({"prompt": "Hi", "max_tokens": 37}),
     );
     assert_eq!(st, 200, "{v}");
 }

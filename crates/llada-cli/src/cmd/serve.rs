@@ -53,7 +53,8 @@ pub struct ServeArgs {
     /// model, `ngram`, …; see `llada generate --help`); responses equal plain decoding.
     #[arg(long)]
     pub draft: Option<String>,
-    /// Weight memory budget per model (512M, 2G, 25%): the rest streams from the file.
+    /// Weight memory budget (512M, 2G, 25%): what does not fit streams from the file. Bytes
+    /// are shared evenly by the served models; a percentage applies to each model's weights.
     #[arg(long, value_name = "BYTES|PCT")]
     pub mem_budget: Option<String>,
     /// Worker threads of each model's dense lane (default: all cores).
@@ -80,6 +81,18 @@ fn named(spec: &str) -> Result<(String, String)> {
     Ok((name, spec.to_string()))
 }
 
+/// Each model's part of `--mem-budget`: bytes split evenly, a percentage as it is.
+fn share_budget(budget: Option<&str>, models: usize) -> Result<Option<String>> {
+    use llada_model::store::Budget;
+    let Some(b) = budget else { return Ok(None) };
+    Ok(Some(
+        match Budget::parse(b).map_err(anyhow::Error::msg)? {
+            Budget::Bytes(n) => (n / models.max(1) as u64).to_string(),
+            Budget::Fraction(_) => b.to_string(),
+        },
+    ))
+}
+
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
@@ -93,7 +106,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .with_context(|| format!("--host {:?}: give an IP address such as 127.0.0.1", a.host))?;
     let engine = EngineOptions {
         threads: a.threads,
-        mem_budget: a.mem_budget.clone(),
+        mem_budget: share_budget(a.mem_budget.as_deref(), a.models.len())?,
         quiet: true,
         ..Default::default()
     };
