@@ -47,7 +47,7 @@ cargo test --release --workspace
 # The library's first screen of docs, run: every mode through the facade.
 cargo run --release --quiet -p llada --example embed
 # `llada serve` as OpenAI's own client sees it (outputs equal to `llada generate`'s).
-python3 tests/serve/openai_client.py target/release/llada
+python3 tests/serve/openai_client.py "${CARGO_TARGET_DIR:-target}/release/llada"
 # The playground page (GET /) in headless Chromium: a diffusion answer drawn from all-masked to
 # the text `llada generate` gives, a chat, a stop, speculative counts, no console errors.
 # Debian's chromium and its chromedriver (selenium's own driver download is not used).

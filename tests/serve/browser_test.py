@@ -25,14 +25,11 @@ selenium PyPI package; scripts/test.sh installs them.
 """
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LLADA = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/llada")
+from common import generate, start_server, stop_server  # noqa: E402  (tests/serve/)
+
 KEY = "sk-browser-test"
 TIMEOUT = 60  # seconds any one wait in the page may take
 
@@ -61,48 +58,6 @@ def browser_paths():
         need("chromium" if not chrome else "chromedriver",
              "apt-get install chromium chromium-driver")
     return chrome, driver
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def generate(*args):
-    """`llada generate ARGS`'s stdout, less the final newline."""
-    out = subprocess.run([LLADA, "generate", *args], capture_output=True, text=True, check=True,
-                         timeout=120)
-    assert out.stdout.endswith("\n"), out.stdout
-    return out.stdout[:-1]
-
-
-def start_server(*args):
-    port = free_port()
-    server = subprocess.Popen(
-        [LLADA, "serve", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if server.poll() is not None:
-            sys.exit("browser test: the server exited: " + server.stderr.read())
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            return server, base
-        except OSError:
-            time.sleep(0.1)
-    stop_server(server)
-    sys.exit("browser test: the server did not answer /health within 30 s")
-
-
-def stop_server(server):
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 def start_browser():

@@ -5,56 +5,20 @@ client's exception types, and greedy outputs identical to `llada generate`'s.
 
 Usage: tests/serve/openai_client.py [PATH_TO_LLADA_BINARY]   (default: target/release/llada)
 """
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import openai
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LLADA = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/llada")
+from common import generate, start_server, stop_server  # tests/serve/
+
 KEY = "sk-test"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def generate(*args):
-    """`llada generate ARGS`'s stdout, less the final newline."""
-    out = subprocess.run([LLADA, "generate", *args], capture_output=True, text=True, check=True)
-    assert out.stdout.endswith("\n"), out.stdout
-    return out.stdout[:-1]
-
-
 def main():
-    port = free_port()
-    server = subprocess.Popen(
-        [LLADA, "serve", "-m", "smollm2", "-m", "tiny-llada-tasks", "--port", str(port),
-         "--api-key", KEY],
-        stderr=subprocess.PIPE, text=True)
+    server, base = start_server("-m", "smollm2", "-m", "tiny-llada-tasks", "--api-key", KEY,
+                                what="openai client test")
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise SystemExit("the server did not start: " + server.stderr.read())
         run(openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0), base)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
     print("openai client: all checks passed")
 
 
