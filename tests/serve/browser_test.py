@@ -139,7 +139,9 @@ def check_diffusion(drv, prompt, gen_length, block_length, strategy, threshold="
     cells = drv.find_elements(By.CSS_SELECTOR, "#canvas .cell")
     assert len(cells) == gen_length and all("s" in c.get_attribute("class").split() for c in cells)
     steps = int(drv.find_element(By.ID, "c-step").text)
-    assert steps == len(frames) - (frames[0]["origin"] == "page"), (steps, len(frames))
+    # The server sends the all-masked frame as step 0, then one frame per step.
+    assert frames[0]["origin"] == "server" and frames[0]["step"] == 0, frames[0]
+    assert steps == len(frames) - 1, (steps, len(frames))
     u = st["usage"]
     assert u and u["completion_tokens"] > 0 and u["forward_passes"] > 0, u
     revised = sum(c["r"] for f in frames for c in f["cells"])

@@ -420,11 +420,13 @@ impl Batcher<'_> {
         };
         let tok = e.tokenizer()?;
         let mut session = e.session();
+        let mut frames = Frames::new(job, e.is_diffusion() && o.denoising, o.diffusion.gen_length);
         let g = session.generate_streaming(&prompt_of(&job.input), &mode, &gen, |ev| match ev {
-            Event::Text(t) => job.tx.send(Out::Text(t.to_string())).is_ok(),
-            Event::Step(v) if o.denoising => job.tx.send(Out::Canvas(canvas(v, tok))).is_ok(),
+            Event::Text(t) => frames.flush() && job.tx.send(Out::Text(t.to_string())).is_ok(),
+            Event::Step(v) => frames.step(canvas(v, tok)),
             _ => !job.tx.is_closed(),
         })?;
+        frames.flush();
         let (passes, drafted, accepted, reason) = match &g.stats {
             Stats::Ar(a) => (a.forward_passes, None, None, finish_reason(a.stop_reason)),
             Stats::Speculative(s) => (
@@ -458,6 +460,53 @@ impl Batcher<'_> {
                 passes,
             },
         })
+    }
+}
+
+/// The `denoising` events of a diffusion request: step 0 (every position masked) first, then
+/// each step's canvas numbered, the last one marked `final` (it only makes the answer stable).
+struct Frames<'j> {
+    job: &'j Job,
+    on: bool,
+    step: usize,
+    held: Option<Value>,
+}
+
+impl<'j> Frames<'j> {
+    fn new(job: &'j Job, on: bool, gen_length: usize) -> Self {
+        if on {
+            let cell = json!({"id": null, "text": "", "state": "invisible", "revised": false});
+            let c = json!({"step": 0, "canvas": vec![cell; gen_length]});
+            let _ = job.tx.send(Out::Canvas(c));
+        }
+        Self {
+            job,
+            on,
+            step: 0,
+            held: None,
+        }
+    }
+    /// A step's canvas: the one before it is sent (this one may be the last).
+    fn step(&mut self, mut c: Value) -> bool {
+        if !self.on {
+            return !self.job.tx.is_closed();
+        }
+        self.step += 1;
+        c["step"] = json!(self.step);
+        match self.held.replace(c) {
+            Some(prev) => self.job.tx.send(Out::Canvas(prev)).is_ok(),
+            None => true,
+        }
+    }
+    /// Send the last canvas, marked final.
+    fn flush(&mut self) -> bool {
+        match self.held.take() {
+            Some(mut c) => {
+                c["final"] = json!(true);
+                self.job.tx.send(Out::Canvas(c)).is_ok()
+            }
+            None => true,
+        }
     }
 }
 
