@@ -32,6 +32,8 @@ struct Served {
     name: String,
     spec: ModelSpec,
     worker: OnceLock<Result<Worker, String>>,
+    /// Known once loaded.
+    kind: Arc<OnceLock<&'static str>>,
 }
 
 struct AppState {
@@ -57,6 +59,7 @@ pub fn router(cfg: ServeConfig) -> std::io::Result<Router> {
                 name,
                 spec,
                 worker: OnceLock::new(),
+                kind: Arc::default(),
             })
             .collect(),
         api_key: cfg.api_key,
@@ -116,7 +119,11 @@ async fn models(State(st): State<Shared>) -> Json<Value> {
     let data: Vec<Value> = st
         .models
         .iter()
-        .map(|m| json!({"id": m.name, "object": "model", "created": now(), "owned_by": "llada-rs"}))
+        .map(|m| {
+            json!({"id": m.name, "object": "model", "created": now(), "owned_by": "llada-rs",
+                   "llada": {"kind": m.kind.get(), "loaded": m.kind.get().is_some(),
+                             "speculative": m.spec.draft.is_some()}})
+        })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
@@ -217,8 +224,13 @@ async fn start(
     let worker = served
         .worker
         .get_or_init(|| {
-            Worker::spawn(&served.name, served.spec.clone(), st.metrics.clone())
-                .map_err(|e| e.to_string())
+            Worker::spawn(
+                &served.name,
+                served.spec.clone(),
+                st.metrics.clone(),
+                served.kind.clone(),
+            )
+            .map_err(|e| e.to_string())
         })
         .as_ref()
         .map_err(|e| ApiError::internal(format!("the model's worker could not start: {e}")))?;

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -84,7 +84,13 @@ pub struct Worker {
 
 impl Worker {
     /// Start the worker thread; the model loads there (requests queue meanwhile).
-    pub fn spawn(name: &str, spec: ModelSpec, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    /// `kind` is set once the model has loaded (`diffusion` or `autoregressive`).
+    pub fn spawn(
+        name: &str,
+        spec: ModelSpec,
+        metrics: Arc<Metrics>,
+        kind: Arc<OnceLock<&'static str>>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let pending = Arc::new(AtomicUsize::new(0));
         let limit = spec.parallel + spec.queue;
@@ -92,7 +98,7 @@ impl Worker {
         let label = name.to_string();
         std::thread::Builder::new()
             .name(format!("serve-{name}"))
-            .spawn(move || run(&label, spec, rx, p, metrics))?;
+            .spawn(move || run(&label, spec, rx, p, metrics, kind))?;
         Ok(Self { tx, pending, limit })
     }
 
@@ -117,6 +123,7 @@ fn run(
     rx: mpsc::Receiver<Job>,
     pending: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
+    kind: Arc<OnceLock<&'static str>>,
 ) {
     let loaded = Engine::load(&spec.source, &spec.engine).and_then(|e| {
         let draft = match &spec.draft {
@@ -138,6 +145,11 @@ fn run(
         }
     };
     tracing::info!("model {name} loaded from {}", engine.path().display());
+    let _ = kind.set(if engine.is_diffusion() {
+        "diffusion"
+    } else {
+        "autoregressive"
+    });
     let mut b = Batcher {
         engine: &engine,
         draft: draft.as_ref(),
