@@ -1,0 +1,1 @@
+//! The papers' experiments (filled below).
