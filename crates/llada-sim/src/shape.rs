@@ -190,15 +190,15 @@ pub fn recost(
 ) -> (Vec<Op>, Vec<String>) {
     let bits = bits.unwrap_or_else(|| bits_per_weight(&trace.ops, lanes));
     let ls = source_layers(&trace.ops, lanes);
-    // Source head bytes (for a streamed head's chunks).
-    let src_head: u64 = trace
-        .ops
-        .iter()
-        .filter(|o| o.op == "lm_head" && lanes.contains(&o.lane.as_str()) && o.shape.len() == 3)
-        .map(|o| o.shape[1] * o.shape[2])
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    // Source head elements (for a streamed head's chunks): the head products of one pass
+    // summed (a streamed head is multiplied chunk by chunk).
+    let mut head_by_pass: std::collections::HashMap<(u64, &str), u64> = Default::default();
+    for o in &trace.ops {
+        if o.op == "lm_head" && lanes.contains(&o.lane.as_str()) && o.shape.len() == 3 {
+            *head_by_pass.entry((o.pass, o.lane.as_str())).or_default() += o.shape[1] * o.shape[2];
+        }
+    }
+    let src_head = head_by_pass.values().copied().max().unwrap_or(1).max(1);
     let mut out = Vec::with_capacity(trace.ops.len());
     let mut kept = Vec::new();
     // A run of one layer's operators on one lane is replayed once per target layer mapped to

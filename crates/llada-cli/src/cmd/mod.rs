@@ -6,6 +6,7 @@ pub mod eval;
 pub mod fetch;
 pub mod generate;
 pub mod info;
+pub mod sim;
 pub mod synth;
 pub mod train;
 pub mod train_feature_draft;
