@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Record the operator traces `llada sim --experiment …` replays (docs/sim.md), into DIR.
 # Usage: scripts/sim_traces.sh DIR [LLADA]   (LLADA: the binary, default target/release/llada)
-# About 2 minutes on a 2-core machine. Greedy everywhere, so the schedules are reproducible.
+# About 3 minutes on a 2-core machine. It also writes DIR/host.json, a host profile measured
+# beside the traces (`llada sim --profile DIR/host.json DIR/ar.jsonl`). Greedy everywhere, so the schedules are reproducible.
 set -euo pipefail
 dir=${1:?usage: scripts/sim_traces.sh DIR [LLADA]}
 llada=${2:-target/release/llada}
 mkdir -p "$dir"
+# The host profile, measured in the same minute as the traces (this machine's speed drifts).
+"$llada" bench --json --reps 3 --trace "$dir/bench-decode.jsonl" >"$dir/bench.json"
+"$llada" sim --calibrate-host "$dir/bench.json" "$dir/bench-decode.jsonl" >"$dir/host.json"
 run() { local name=$1; shift; echo "$name" >&2; "$llada" generate "$@" --trace "$dir/$name.jsonl" --json >"$dir/$name.out"; }
 
 # llada.cpp: diffusion strategies on the shipped LLaDA-format task model, 64 answer tokens;
@@ -30,5 +34,5 @@ run ahasd-async --ahasd async "${ah[@]}"
 run ahasd-edc --ahasd async --edc "${ah[@]}"
 run ahasd-tvc --ahasd async --edc --tvc "${ah[@]}"
 
-# Calibration extras: a prefill (long prompt, one token) and plain streamed AR.
+# Calibration extras: a prefill (long prompt, one token).
 run prefill -t 0 -n 1 --raw "$(printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..20})"

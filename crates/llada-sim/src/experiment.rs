@@ -337,3 +337,98 @@ fn ahasd(c: &mut Ctx) -> Result<Vec<Row>> {
         ),
     ])
 }
+
+/// One trace of a calibration run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CalRow {
+    pub trace: String,
+    pub predicted_total_s: f64,
+    pub measured_total_s: f64,
+    pub ratio: f64,
+    /// Operator kinds whose predicted time is within ±25 % of the measured, of those that take
+    /// at least 1 % of the measured operator time.
+    pub ops_within_25: usize,
+    pub ops_counted: usize,
+    /// The kind furthest off and its predicted / measured ratio.
+    pub worst_op: String,
+    pub worst_ratio: f64,
+}
+
+/// Replay every `*.jsonl` trace in `dir` (bench traces aside) on `profile` (default:
+/// `dir/host.json` when it exists, else the built-in `host`).
+pub fn calibration(dir: &Path, profile: Option<&str>) -> Result<(String, Vec<CalRow>)> {
+    let own = dir.join("host.json");
+    let name = match profile {
+        Some(p) => p.to_string(),
+        None if own.exists() => own.display().to_string(),
+        None => "host".into(),
+    };
+    let p = Profile::load(&name)?;
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| SimError::Io {
+            path: dir.display().to_string(),
+            source: e,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|f| f.extension().is_some_and(|x| x == "jsonl"))
+        .filter(|f| {
+            !f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("bench"))
+        })
+        .collect();
+    files.sort();
+    let mut rows = Vec::new();
+    for f in files {
+        let t = Trace::load(&f)?;
+        let r = simulate(&t, &p, &Options::default())?;
+        let total: f64 = r.per_op.values().map(|x| x.measured_s).sum();
+        let mut counted = 0;
+        let mut within = 0;
+        let (mut worst, mut worst_r) = (String::new(), 1.0f64);
+        for (k, x) in &r.per_op {
+            if x.measured_s < 0.01 * total {
+                continue;
+            }
+            counted += 1;
+            let q = x.predicted_s / x.measured_s;
+            if (0.75..=1.25).contains(&q) {
+                within += 1;
+            }
+            if (q.ln()).abs() > worst_r.ln().abs() {
+                (worst, worst_r) = (k.clone(), q);
+            }
+        }
+        rows.push(CalRow {
+            trace: f
+                .file_name()
+                .map_or(String::new(), |n| n.to_string_lossy().into()),
+            predicted_total_s: r.predicted_total_s,
+            measured_total_s: r.measured_total_s,
+            ratio: r.ratio,
+            ops_within_25: within,
+            ops_counted: counted,
+            worst_op: worst,
+            worst_ratio: worst_r,
+        });
+    }
+    Ok((name, rows))
+}
+
+/// The calibration table in Markdown.
+pub fn calibration_markdown(profile: &str, rows: &[CalRow]) -> String {
+    let mut s = format!("calibration on {profile}\n\n| trace | predicted s | measured s | ratio | op kinds within ±25 % | furthest kind (ratio) |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        s += &format!(
+            "| {} | {:.4} | {:.4} | {:.3} | {}/{} | {} ({:.2}) |\n",
+            r.trace,
+            r.predicted_total_s,
+            r.measured_total_s,
+            r.ratio,
+            r.ops_within_25,
+            r.ops_counted,
+            r.worst_op,
+            r.worst_ratio
+        );
+    }
+    s
+}

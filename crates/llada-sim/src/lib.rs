@@ -14,11 +14,13 @@
 //! # Ok::<(), llada_sim::SimError>(())
 //! ```
 //!
-//! Modules: [`trace`] reads and checks traces, [`profile`] the device profiles, [`shape`]
+//! Modules: [`trace`] reads and checks traces, [`profile`] the device profiles ([`calibrate`]
+//! measures a `host` one beside the traces), [`shape`]
 //! re-costs a schedule at another model size, [`replay`] turns operators into tasks with
 //! dependencies, [`engine`] places them, [`report`] sums time and energy, [`output`] writes
 //! Chrome traces and SVG Gantt charts, [`experiment`] runs the papers' comparisons.
 
+pub mod calibrate;
 pub mod engine;
 pub mod error;
 pub mod experiment;

@@ -51,7 +51,8 @@ pub struct SimArgs {
     /// Write an SVG Gantt chart of the units.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
-    /// Run a paper's experiment instead: llada-cpp, lever, ahasd.
+    /// Run a paper's experiment instead: llada-cpp, lever, ahasd; or `calibration` (every
+    /// trace in --traces replayed on DIR/host.json, predicted beside measured).
     #[arg(long)]
     pub experiment: Option<String>,
     /// The experiment's traces (recorded by scripts/sim_traces.sh DIR).
@@ -60,9 +61,26 @@ pub struct SimArgs {
     /// Print a profile's constants and their sources.
     #[arg(long, value_name = "PROFILE")]
     pub show_profile: Option<String>,
+    /// Print a host profile (JSON) measured from `llada bench --json` output and a bench
+    /// decode trace (`llada bench --trace`), both recorded beside the traces to replay.
+    #[arg(long, num_args = 2, value_names = ["BENCH_JSON", "BENCH_TRACE"])]
+    pub calibrate_host: Option<Vec<PathBuf>>,
+    /// The weight type whose matmul row `--calibrate-host` takes.
+    #[arg(long, default_value = "Q4_1")]
+    pub calibrate_dtype: String,
 }
 
 pub fn run(a: SimArgs) -> Result<()> {
+    if let Some([bench, trace]) = a.calibrate_host.as_deref() {
+        let text = std::fs::read_to_string(bench)
+            .with_context(|| format!("reading {}", bench.display()))?;
+        let bench: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| "the bench output is not JSON")?;
+        let trace = llada_sim::Trace::load(trace)?;
+        let p = llada_sim::calibrate::host_from_bench(&bench, &trace, &a.calibrate_dtype)?;
+        println!("{}", serde_json::to_string_pretty(&p)?);
+        return Ok(());
+    }
     if let Some(name) = &a.show_profile {
         let p = llada_sim::Profile::load(name)?;
         if a.json {
@@ -75,6 +93,16 @@ pub fn run(a: SimArgs) -> Result<()> {
         );
         for (k, v, s) in p.constants() {
             println!("| {k} | {v} | {s} |");
+        }
+        return Ok(());
+    }
+    if a.experiment.as_deref() == Some("calibration") {
+        let profile = (a.profile != "host").then_some(a.profile.as_str());
+        let (p, rows) = llada_sim::experiment::calibration(&a.traces, profile)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else {
+            print!("{}", llada_sim::experiment::calibration_markdown(&p, &rows));
         }
         return Ok(());
     }
