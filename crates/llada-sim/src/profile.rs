@@ -41,6 +41,9 @@ pub struct Unit {
     pub gflops: Sourced<Vec<[f64; 2]>>,
     /// Throughput of the other operators (attention, norms, activations), GFLOP/s.
     pub vector_gflops: Sourced<f64>,
+    /// Measured throughput of named operator kinds (GFLOP/s), instead of `vector_gflops`.
+    #[serde(default)]
+    pub op_gflops: Option<Sourced<BTreeMap<String, f64>>>,
     /// The DRAM read bandwidth this unit reaches alone, GB/s.
     pub mem_gbs: Sourced<f64>,
     /// Fixed cost per operator (dispatch, synchronisation), µs.
@@ -217,6 +220,11 @@ impl Profile {
                     u.gflops.source.clone(),
                 ));
             }
+            if let Some(s) = &u.op_gflops {
+                for (k, g) in &s.value {
+                    v.push((format!("units.{n}.op_gflops.{k}"), *g, s.source.clone()));
+                }
+            }
             if let Some(s) = &u.static_shapes {
                 for r in &s.value {
                     v.push((
@@ -290,6 +298,15 @@ impl Unit {
             }
         }
         pts[pts.len() - 1][1] * 1e9
+    }
+
+    /// Throughput of a non-matmul operator kind, FLOP/s.
+    pub fn vector_flops(&self, op: &str) -> f64 {
+        let g = self
+            .op_gflops
+            .as_ref()
+            .and_then(|m| m.value.get(op).copied());
+        g.filter(|g| *g > 0.0).unwrap_or(self.vector_gflops.value) * 1e9
     }
 
     /// The static shape a pass of `rows` rows runs in (itself when shapes are dynamic or the

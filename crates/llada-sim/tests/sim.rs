@@ -414,3 +414,30 @@ fn every_builtin_constant_names_a_source() {
         }
     }
 }
+
+#[test]
+fn a_host_profile_is_measured_from_a_bench_run() {
+    let bench = serde_json::json!({"measured_bw_gbs": 20.0, "matmul": [
+        {"dtype": "Q4_1", "m": 8, "ours_gflops": 100.0},
+        {"dtype": "Q4_1", "m": 1, "ours_gflops": 50.0},
+        {"dtype": "Q8_0", "m": 1, "ours_gflops": 40.0}]});
+    let t = fixture("stream-ar.jsonl");
+    let p = llada_sim::calibrate::host_from_bench(&bench, &t, Some(&t), "Q4_1").unwrap();
+    let cpu = &p.units["cpu"];
+    assert_eq!(cpu.gflops.value, vec![[1.0, 50.0], [8.0, 100.0]]);
+    assert!(cpu
+        .op_gflops
+        .as_ref()
+        .unwrap()
+        .value
+        .contains_key("attention"));
+    assert!(p.flash.read_gbs.value > 0.0 && cpu.mem_gbs.value > 0.0);
+    assert!(p
+        .constants()
+        .iter()
+        .all(|(_, v, s)| v.is_finite() && !s.is_empty()));
+    let r = simulate(&t, &p, &Options::default()).unwrap();
+    assert!(r.predicted_total_s > 0.0);
+    let e = llada_sim::calibrate::host_from_bench(&bench, &t, None, "F16").unwrap_err();
+    assert!(e.to_string().contains("no F16"), "{e}");
+}
