@@ -113,16 +113,36 @@ pub const SHAPES: &[(&str, ModelShape)] = &[
     ),
 ];
 
-/// Look a shape up by name.
+/// Look a shape up by name; `NAME@L` keeps its first `L` layers (as `llada synth --layers`).
 pub fn shape(name: &str) -> Result<ModelShape> {
-    SHAPES
+    let unknown = || {
+        let known: Vec<&str> = SHAPES.iter().map(|(n, _)| *n).collect();
+        SimError::UnknownShape(
+            name.into(),
+            known.join(", ") + " (NAME@LAYERS keeps that many)",
+        )
+    };
+    let (base, layers) = match name.split_once('@') {
+        Some((b, l)) => (
+            b,
+            Some(
+                l.parse::<u64>()
+                    .ok()
+                    .filter(|l| *l >= 1)
+                    .ok_or_else(unknown)?,
+            ),
+        ),
+        None => (name, None),
+    };
+    let mut s = SHAPES
         .iter()
-        .find(|(n, _)| *n == name)
+        .find(|(n, _)| *n == base)
         .map(|(_, s)| *s)
-        .ok_or_else(|| {
-            let known: Vec<&str> = SHAPES.iter().map(|(n, _)| *n).collect();
-            SimError::UnknownShape(name.into(), known.join(", "))
-        })
+        .ok_or_else(unknown)?;
+    if let Some(l) = layers {
+        s.layers = l;
+    }
+    Ok(s)
 }
 
 impl ModelShape {
