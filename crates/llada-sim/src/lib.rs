@@ -34,6 +34,7 @@ pub mod trace;
 pub use error::{Result, SimError};
 pub use profile::Profile;
 pub use report::Report;
+use trace::Op;
 pub use trace::Trace;
 
 /// How to replay.
@@ -67,32 +68,75 @@ pub fn simulate_full(
     if let Some(m) = &o.map {
         p.remap(m)?;
     }
-    let mut ops = trace.ops.clone();
+    // Which operators are the target's: its lanes, and passes of other lanes (the draft lane's
+    // pre-verification) that run a model of the target's width.
+    let target = target_ops(&trace.ops);
+    let mut ops: Vec<(Op, bool)> = trace.ops.iter().cloned().zip(target).collect();
     let mut kept = Vec::new();
-    if let Some(name) = &o.model_shape {
+    for (name, want) in [(&o.model_shape, true), (&o.draft_shape, false)] {
+        let Some(name) = name else { continue };
         let s = shape::shape(name)?;
         let t = Trace {
             header: trace.header.clone(),
-            ops,
+            ops: ops.iter().map(|(op, _)| op.clone()).collect(),
         };
-        let (v, k) = shape::recost(&t, TARGET_LANES, &s, o.weight_bits);
-        ops = v;
+        // The target flag travels with each operator through the re-costing (a stable key:
+        // the operator's measured start and lane, which re-costing keeps).
+        let is_target: std::collections::HashMap<(u64, u64, String), bool> = ops
+            .iter()
+            .map(|(op, f)| ((op.start_ns, op.end_ns, op.lane.clone()), *f))
+            .collect();
+        let flag = |op: &Op| {
+            is_target
+                .get(&(op.start_ns, op.end_ns, op.lane.clone()))
+                .copied()
+                .unwrap_or(false)
+        };
+        let sel = |op: &Op| flag(op) == want && (want || op.lane == "draft");
+        let (v, k) = shape::recost(&t, &sel, &s, o.weight_bits);
+        ops = v
+            .into_iter()
+            .map(|op| {
+                let f = flag(&op);
+                (op, f)
+            })
+            .collect();
         kept.extend(k);
     }
-    if let Some(name) = &o.draft_shape {
-        let s = shape::shape(name)?;
-        let t = Trace {
-            header: trace.header.clone(),
-            ops,
-        };
-        let (v, k) = shape::recost(&t, &["draft"], &s, o.weight_bits);
-        ops = v;
-        kept.extend(k);
-    }
+    let ops: Vec<Op> = ops.into_iter().map(|(op, _)| op).collect();
     let r = replay::replay(&ops, &p)?;
     let mut rep = report::report(trace, &r, &p, o.model_shape.as_deref());
     kept.sort();
     kept.dedup();
     rep.kept_at_traced_cost = kept;
     Ok((rep, r))
+}
+
+/// Per operator: does it run the target model? Its lane is a target lane, or its pass (a
+/// lane's run of one pass number) has normalisation rows of the target's width.
+pub fn target_ops(ops: &[trace::Op]) -> Vec<bool> {
+    let width = |o: &trace::Op| (o.op == "rmsnorm" && o.shape.len() == 2).then(|| o.shape[1]);
+    let mut counts: std::collections::HashMap<u64, usize> = Default::default();
+    for o in ops
+        .iter()
+        .filter(|o| TARGET_LANES.contains(&o.lane.as_str()))
+    {
+        if let Some(w) = width(o) {
+            *counts.entry(w).or_default() += 1;
+        }
+    }
+    let target_width = counts.into_iter().max_by_key(|(_, n)| *n).map(|(w, _)| w);
+    let mut group_width: std::collections::HashMap<(&str, u64), u64> = Default::default();
+    for o in ops {
+        if let Some(w) = width(o) {
+            group_width.entry((o.lane.as_str(), o.pass)).or_insert(w);
+        }
+    }
+    ops.iter()
+        .map(|o| {
+            TARGET_LANES.contains(&o.lane.as_str())
+                || (target_width.is_some()
+                    && group_width.get(&(o.lane.as_str(), o.pass)).copied() == target_width)
+        })
+        .collect()
 }

@@ -171,12 +171,15 @@ pub fn is_matmul(op: &str) -> bool {
     MATMULS.contains(&op)
 }
 
-/// Bits per weight of the trace's matrices on `lanes` (the median over matmul records; 4.5
-/// when there are none).
-pub fn bits_per_weight(ops: &[Op], lanes: &[&str]) -> f64 {
+/// Which operators a re-costing applies to.
+pub type Select<'a> = &'a dyn Fn(&Op) -> bool;
+
+/// Bits per weight of the selected matrices (the median over matmul records; 4.5 when there
+/// are none).
+pub fn bits_per_weight(ops: &[Op], sel: Select) -> f64 {
     let mut v: Vec<f64> = ops
         .iter()
-        .filter(|o| is_matmul(&o.op) && lanes.contains(&o.lane.as_str()) && o.shape.len() == 3)
+        .filter(|o| is_matmul(&o.op) && sel(o) && o.shape.len() == 3)
         .filter_map(|o| {
             let (m, n, k) = (o.shape[0], o.shape[1], o.shape[2]);
             let w = o.bytes_read.checked_sub(m * k * 4)?;
@@ -190,31 +193,31 @@ pub fn bits_per_weight(ops: &[Op], lanes: &[&str]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Layers of the model that ran on `lanes` (highest layer index + 1).
-fn source_layers(ops: &[Op], lanes: &[&str]) -> u64 {
+/// Layers of the selected model (highest layer index + 1).
+fn source_layers(ops: &[Op], sel: Select) -> u64 {
     ops.iter()
-        .filter(|o| lanes.contains(&o.lane.as_str()) && o.op == "attention")
+        .filter(|o| sel(o) && o.op == "attention")
         .map(|o| o.layer.max(0) as u64 + 1)
         .max()
         .unwrap_or(1)
 }
 
-/// Rewrite the operators on `lanes` with `to`'s dimensions (other lanes unchanged); returns
-/// the new operator list (same order; a layer operator appears once per target layer mapped to
-/// it) and the names of operators kept at their traced cost.
+/// Rewrite the selected operators with `to`'s dimensions (others unchanged); returns the new
+/// operator list (same order; a layer operator appears once per target layer mapped to it)
+/// and the names of operators kept at their traced cost.
 pub fn recost(
     trace: &Trace,
-    lanes: &[&str],
+    sel: Select,
     to: &ModelShape,
     bits: Option<f64>,
 ) -> (Vec<Op>, Vec<String>) {
-    let bits = bits.unwrap_or_else(|| bits_per_weight(&trace.ops, lanes));
-    let ls = source_layers(&trace.ops, lanes);
+    let bits = bits.unwrap_or_else(|| bits_per_weight(&trace.ops, sel));
+    let ls = source_layers(&trace.ops, sel);
     // Source head elements (for a streamed head's chunks): the head products of one pass
     // summed (a streamed head is multiplied chunk by chunk).
     let mut head_by_pass: std::collections::HashMap<(u64, &str), u64> = Default::default();
     for o in &trace.ops {
-        if o.op == "lm_head" && lanes.contains(&o.lane.as_str()) && o.shape.len() == 3 {
+        if o.op == "lm_head" && sel(o) && o.shape.len() == 3 {
             *head_by_pass.entry((o.pass, o.lane.as_str())).or_default() += o.shape[1] * o.shape[2];
         }
     }
@@ -243,7 +246,7 @@ pub fn recost(
         run.clear();
     };
     for o in &trace.ops {
-        let layer_op = lanes.contains(&o.lane.as_str()) && !o.is_span() && o.layer >= 0;
+        let layer_op = sel(o) && !o.is_span() && o.layer >= 0;
         let same_run = run
             .first()
             .is_some_and(|f| f.lane == o.lane && f.pass == o.pass && f.layer == o.layer);
@@ -261,7 +264,7 @@ pub fn recost(
             run.push(o);
             continue;
         }
-        if !lanes.contains(&o.lane.as_str()) || o.is_span() {
+        if !sel(o) || o.is_span() {
             out.push(o.clone());
             continue;
         }

@@ -441,3 +441,23 @@ fn a_host_profile_is_measured_from_a_bench_run() {
     let e = llada_sim::calibrate::host_from_bench(&bench, &t, None, "F16").unwrap_err();
     assert!(e.to_string().contains("no F16"), "{e}");
 }
+
+#[test]
+fn draft_lane_passes_of_the_target_width_are_target_work() {
+    // Pre-verification (TVC) runs the target on the draft lane: its passes keep the target's
+    // width and are re-costed with --model-shape, not --draft-shape.
+    let t = trace(&[
+        op("rmsnorm", "dense", 1, 0, &[1, 8], (1, 1, 1), (0, 1)),
+        op("rmsnorm", "draft", 2, 0, &[1, 4], (1, 1, 1), (1, 2)),
+        op("rmsnorm", "draft", 3, 0, &[1, 8], (1, 1, 1), (2, 3)),
+    ]);
+    assert_eq!(llada_sim::target_ops(&t.ops), vec![true, false, true]);
+    let o = Options {
+        model_shape: Some("llama-3-8b@1".into()),
+        draft_shape: Some("llama-3.2-1b@1".into()),
+        ..Default::default()
+    };
+    let (_, rep) = simulate_full(&t, &toy(), &o).unwrap();
+    let widths: Vec<u64> = rep.ops.iter().map(|o| o.shape[1]).collect();
+    assert_eq!(widths, vec![4096, 2048, 4096]);
+}
