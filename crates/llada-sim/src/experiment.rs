@@ -288,6 +288,12 @@ fn ahasd(c: &mut Ctx) -> Result<Vec<Row>> {
     )?;
     let pim = c.run("NPU+PIM, lock-step", "ahasd-sync.jsonl", "ahasd", o(None))?;
     let asy = c.run("NPU+PIM, async", "ahasd-async.jsonl", "ahasd", o(None))?;
+    let attn = c.run(
+        "+ target attention in PIM",
+        "ahasd-async.jsonl",
+        "ahasd",
+        o(Some("dense.attention=pim")),
+    )?;
     let edc = c.run("+ EDC", "ahasd-edc.jsonl", "ahasd", o(None))?;
     let tvc = c.run("+ EDC + TVC", "ahasd-tvc.jsonl", "ahasd", o(None))?;
     let sp = |x: Out| gpu.s_per_token / x.s_per_token;
@@ -312,10 +318,16 @@ fn ahasd(c: &mut Ctx) -> Result<Vec<Row>> {
             "paper's async step includes NPU+PIM",
         ),
         row(
+            "+ attention in PIM vs GPU-only, throughput",
+            Some([2.7, 2.7]),
+            sp(attn),
+            "the target's attention on the PIM unit (dense.attention=pim)",
+        ),
+        row(
             "+ EDC vs GPU-only, throughput",
             Some([3.4, 3.4]),
             sp(edc),
-            "paper: 2.7x with attention in PIM first (not modelled)",
+            "EDC, attention on the NPU",
         ),
         row(
             "+ TVC vs GPU-only, throughput",

@@ -95,7 +95,8 @@ pub struct Flash {
 pub struct Profile {
     pub name: String,
     pub description: String,
-    /// Lane name → unit name (`flash` for storage reads); `*` is every other lane.
+    /// Lane name → unit name (`flash` for storage reads); `*` is every other lane;
+    /// `LANE.OP` moves one operator kind of a lane (`dense.attention`: attention in PIM).
     pub lanes: BTreeMap<String, String>,
     pub units: BTreeMap<String, Unit>,
     pub dram: Dram,
@@ -250,16 +251,18 @@ impl Profile {
         v
     }
 
-    /// The unit a lane runs on (`None`: the flash).
-    pub fn unit_of(&self, lane: &str) -> &str {
+    /// The unit an operator kind of a lane runs on: `LANE.OP` (e.g. `dense.attention`), else
+    /// `LANE`, else `*`; `flash` is the storage.
+    pub fn unit_of(&self, lane: &str, op: &str) -> &str {
         self.lanes
-            .get(lane)
+            .get(&format!("{lane}.{op}"))
+            .or_else(|| self.lanes.get(lane))
             .or_else(|| self.lanes.get("*"))
             .map(String::as_str)
             .unwrap_or("cpu")
     }
 
-    /// Remap lanes (`dense=cpu,draft=pim`), checking the units exist.
+    /// Remap lanes (`dense=cpu,draft=pim`, `dense.attention=pim`), checking the units exist.
     pub fn remap(&mut self, spec: &str) -> Result<()> {
         for kv in spec.split(',').filter(|s| !s.trim().is_empty()) {
             let (lane, unit) = kv.split_once('=').ok_or_else(|| SimError::Profile {

@@ -73,12 +73,12 @@ pub fn replay(ops: &[Op], p: &Profile) -> Result<Replay> {
     let mut layer_started: HashMap<(u64, i32, &str), bool> = HashMap::new();
     // Per NPU-like unit: the static shape of its previous pass; per group: its padded rows.
     let mut unit_shape: HashMap<usize, u64> = HashMap::new();
-    let mut group_rows: HashMap<(&str, u64), (u64, u64)> = HashMap::new();
+    let mut group_rows: HashMap<(&str, u64, usize), (u64, u64)> = HashMap::new();
     let mut graph_switches = 0;
 
     for (i, o) in ops.iter().enumerate() {
         let lane = o.lane.as_str();
-        let uname = p.unit_of(lane);
+        let uname = p.unit_of(lane, &o.op);
         let ui = unit_index(uname);
         let unit: Option<&Unit> = p.units.get(uname);
         let storage = STORAGE_LANES.contains(&lane);
@@ -181,7 +181,7 @@ pub fn replay(ops: &[Op], p: &Profile) -> Result<Replay> {
                 (o.rows(), 0.0)
             }
             Some(u) => {
-                let key = (lane, o.pass);
+                let key = (lane, o.pass, ui);
                 let m = o.rows();
                 let m_pad = if o.op == "lm_head" || o.layer < 0 {
                     u.padded_rows(m)

@@ -461,3 +461,40 @@ fn draft_lane_passes_of_the_target_width_are_target_work() {
     let widths: Vec<u64> = rep.ops.iter().map(|o| o.shape[1]).collect();
     assert_eq!(widths, vec![4096, 2048, 4096]);
 }
+
+#[test]
+fn one_operator_kind_of_a_lane_can_move_to_another_unit() {
+    let t = trace(&[
+        op(
+            "rmsnorm",
+            "sparse",
+            1,
+            0,
+            &[1, 4],
+            (0, 0, 1_000_000_000),
+            (0, 1),
+        ),
+        op(
+            "silu_mul",
+            "sparse",
+            1,
+            0,
+            &[1, 4],
+            (0, 0, 1_000_000_000),
+            (1, 2),
+        ),
+    ]);
+    let o = Options {
+        map: Some("sparse.silu_mul=npu".into()),
+        ..Default::default()
+    };
+    let (r, rep) = simulate_full(&t, &toy(), &o).unwrap();
+    let unit = |i: usize| rep.units[rep.tasks[i].unit].as_str();
+    assert_eq!((unit(0), unit(1)), ("cpu", "npu"));
+    // 1 s on the CPU, then 0.1 s on the NPU (10 GFLOP/s; one row pads to the 8-row shape).
+    assert!(
+        close(r.predicted_total_s, 1.0 + 0.8),
+        "{}",
+        r.predicted_total_s
+    );
+}
