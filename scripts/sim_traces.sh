@@ -10,7 +10,10 @@ mkdir -p "$dir"
 # The host profile, measured in the same minute as the traces (this machine's speed drifts).
 "$llada" bench --json --reps 3 --trace "$dir/bench-decode.jsonl" >"$dir/bench.json"
 "$llada" generate -t 0 -n 4 --mem-budget 25% --raw "Once upon a time" --trace "$dir/bench-stream.jsonl" >/dev/null
-"$llada" sim --calibrate-host "$dir/bench.json" "$dir/bench-decode.jsonl" "$dir/bench-stream.jsonl" >"$dir/host.json"
+"$llada" generate -t 0 -n 1 --raw "$(printf 'It was a bright cold day in April, and the clocks were striking thirteen. %.0s' {1..8})" \
+  --trace "$dir/bench-prefill.jsonl" >/dev/null
+"$llada" sim --calibrate-host "$dir/bench.json" "$dir/bench-decode.jsonl" "$dir/bench-prefill.jsonl" \
+  "$dir/bench-stream.jsonl" >"$dir/host.json"
 run() { local name=$1; shift; echo "$name" >&2; "$llada" generate "$@" --trace "$dir/$name.jsonl" --json >"$dir/$name.out"; }
 
 # llada.cpp: diffusion strategies on the shipped LLaDA-format task model, 64 answer tokens;

@@ -41,9 +41,10 @@ pub struct Unit {
     pub gflops: Sourced<Vec<[f64; 2]>>,
     /// Throughput of the other operators (attention, norms, activations), GFLOP/s.
     pub vector_gflops: Sourced<f64>,
-    /// Measured throughput of named operator kinds (GFLOP/s), instead of `vector_gflops`.
+    /// Measured throughput of named operator kinds by rows (`[rows, gflops]` points,
+    /// interpolated as `gflops`), instead of `vector_gflops`.
     #[serde(default)]
-    pub op_gflops: Option<Sourced<BTreeMap<String, f64>>>,
+    pub op_gflops: Option<Sourced<BTreeMap<String, Vec<[f64; 2]>>>>,
     /// The DRAM read bandwidth this unit reaches alone, GB/s.
     pub mem_gbs: Sourced<f64>,
     /// Fixed cost per operator (dispatch, synchronisation), µs.
@@ -222,8 +223,11 @@ impl Profile {
                 ));
             }
             if let Some(s) = &u.op_gflops {
-                for (k, g) in &s.value {
-                    v.push((format!("units.{n}.op_gflops.{k}"), *g, s.source.clone()));
+                for (k, pts) in &s.value {
+                    for p in pts {
+                        let key = format!("units.{n}.op_gflops.{k}@{}", p[0]);
+                        v.push((key, p[1], s.source.clone()));
+                    }
                 }
             }
             if let Some(s) = &u.static_shapes {
@@ -286,30 +290,16 @@ impl Profile {
 impl Unit {
     /// Matmul throughput at `rows` rows, FLOP/s.
     pub fn matmul_flops(&self, rows: u64) -> f64 {
-        let pts = &self.gflops.value;
-        let x = (rows.max(1) as f64).log2();
-        let at = |p: &[f64; 2]| (p[0].log2(), p[1]);
-        let first = at(&pts[0]);
-        if x <= first.0 || pts.len() == 1 {
-            return first.1 * 1e9;
-        }
-        for w in pts.windows(2) {
-            let (a, b) = (at(&w[0]), at(&w[1]));
-            if x <= b.0 {
-                let t = (x - a.0) / (b.0 - a.0).max(1e-12);
-                return (a.1 + t * (b.1 - a.1)) * 1e9;
-            }
-        }
-        pts[pts.len() - 1][1] * 1e9
+        interpolate(&self.gflops.value, rows) * 1e9
     }
 
-    /// Throughput of a non-matmul operator kind, FLOP/s.
-    pub fn vector_flops(&self, op: &str) -> f64 {
-        let g = self
-            .op_gflops
-            .as_ref()
-            .and_then(|m| m.value.get(op).copied());
-        g.filter(|g| *g > 0.0).unwrap_or(self.vector_gflops.value) * 1e9
+    /// Throughput of a non-matmul operator kind at `rows` rows, FLOP/s.
+    pub fn vector_flops(&self, op: &str, rows: u64) -> f64 {
+        let g = self.op_gflops.as_ref().and_then(|m| m.value.get(op));
+        match g.filter(|p| !p.is_empty()) {
+            Some(pts) => interpolate(pts, rows) * 1e9,
+            None => self.vector_gflops.value * 1e9,
+        }
     }
 
     /// The static shape a pass of `rows` rows runs in (itself when shapes are dynamic or the
@@ -326,4 +316,24 @@ impl Unit {
             None => rows,
         }
     }
+}
+
+/// `[rows, gflops]` points (sorted by rows) at `rows`: linear in log2(rows), clamped at the ends.
+fn interpolate(pts: &[[f64; 2]], rows: u64) -> f64 {
+    let x = (rows.max(1) as f64).log2();
+    let at = |p: &[f64; 2]| (p[0].max(1.0).log2(), p[1]);
+    let Some(first) = pts.first().map(at) else {
+        return 1.0;
+    };
+    if x <= first.0 || pts.len() == 1 {
+        return first.1;
+    }
+    for w in pts.windows(2) {
+        let (a, b) = (at(&w[0]), at(&w[1]));
+        if x <= b.0 {
+            let t = (x - a.0) / (b.0 - a.0).max(1e-12);
+            return a.1 + t * (b.1 - a.1);
+        }
+    }
+    pts[pts.len() - 1][1]
 }

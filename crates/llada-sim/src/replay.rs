@@ -260,7 +260,7 @@ fn cost(t: &mut Task, o: &Op, u: &Unit, m_pad: u64) -> f64 {
     } else {
         let per_row = if o.op == "attention" { 1.0 } else { grow };
         t.mem_bytes = (o.bytes_read + o.bytes_written) as f64 * per_row;
-        t.compute_s = flops / u.vector_flops(&o.op);
+        t.compute_s = flops / u.vector_flops(&o.op, m_pad);
     }
     flops
 }

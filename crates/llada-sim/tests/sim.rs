@@ -422,7 +422,8 @@ fn a_host_profile_is_measured_from_a_bench_run() {
         {"dtype": "Q4_1", "m": 1, "ours_gflops": 50.0},
         {"dtype": "Q8_0", "m": 1, "ours_gflops": 40.0}]});
     let t = fixture("stream-ar.jsonl");
-    let p = llada_sim::calibrate::host_from_bench(&bench, &t, Some(&t), "Q4_1").unwrap();
+    let p =
+        llada_sim::calibrate::host_from_bench(&bench, std::slice::from_ref(&t), "Q4_1").unwrap();
     let cpu = &p.units["cpu"];
     assert_eq!(cpu.gflops.value, vec![[1.0, 50.0], [8.0, 100.0]]);
     assert!(cpu
@@ -438,7 +439,7 @@ fn a_host_profile_is_measured_from_a_bench_run() {
         .all(|(_, v, s)| v.is_finite() && !s.is_empty()));
     let r = simulate(&t, &p, &Options::default()).unwrap();
     assert!(r.predicted_total_s > 0.0);
-    let e = llada_sim::calibrate::host_from_bench(&bench, &t, None, "F16").unwrap_err();
+    let e = llada_sim::calibrate::host_from_bench(&bench, &[t], "F16").unwrap_err();
     assert!(e.to_string().contains("no F16"), "{e}");
 }
 

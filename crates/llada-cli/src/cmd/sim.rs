@@ -61,10 +61,9 @@ pub struct SimArgs {
     /// Print a profile's constants and their sources.
     #[arg(long, value_name = "PROFILE")]
     pub show_profile: Option<String>,
-    /// Print a host profile (JSON) measured from `llada bench --json` output, a bench decode
-    /// trace (`llada bench --trace`) and optionally a streamed trace (`--mem-budget`), all
-    /// recorded beside the traces to replay.
-    #[arg(long, num_args = 2..=3, value_names = ["BENCH_JSON", "BENCH_TRACE", "STREAM_TRACE"])]
+    /// Print a host profile (JSON) measured from `llada bench --json` output and calibration
+    /// traces (a decode, a prefill, a streamed run), all recorded beside the traces to replay.
+    #[arg(long, num_args = 2.., value_names = ["BENCH_JSON", "TRACE"])]
     pub calibrate_host: Option<Vec<PathBuf>>,
     /// The weight type whose matmul row `--calibrate-host` takes.
     #[arg(long, default_value = "Q4_1")]
@@ -72,22 +71,16 @@ pub struct SimArgs {
 }
 
 pub fn run(a: SimArgs) -> Result<()> {
-    if let Some([bench, trace, stream @ ..]) = a.calibrate_host.as_deref() {
+    if let Some([bench, traces @ ..]) = a.calibrate_host.as_deref() {
         let text = std::fs::read_to_string(bench)
             .with_context(|| format!("reading {}", bench.display()))?;
         let bench: serde_json::Value =
             serde_json::from_str(&text).with_context(|| "the bench output is not JSON")?;
-        let trace = llada_sim::Trace::load(trace)?;
-        let stream = stream
-            .first()
-            .map(|s| llada_sim::Trace::load(s))
-            .transpose()?;
-        let p = llada_sim::calibrate::host_from_bench(
-            &bench,
-            &trace,
-            stream.as_ref(),
-            &a.calibrate_dtype,
-        )?;
+        let traces = traces
+            .iter()
+            .map(|t| llada_sim::Trace::load(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let p = llada_sim::calibrate::host_from_bench(&bench, &traces, &a.calibrate_dtype)?;
         println!("{}", serde_json::to_string_pretty(&p)?);
         return Ok(());
     }
