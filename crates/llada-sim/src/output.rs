@@ -1,5 +1,6 @@
 //! Outputs of a replay: a Chrome trace-event file (opens in Perfetto or chrome://tracing; one
-//! track per unit, one slice per operator) and an SVG Gantt chart of the units' busy time.
+//! track per unit, one slice per operator) and an SVG Gantt chart of the units' busy time, as
+//! text (the caller writes files atomically).
 
 use crate::error::{Result, SimError};
 use crate::replay::Replay;
@@ -27,34 +28,31 @@ pub fn chrome_trace(r: &Replay) -> serde_json::Value {
     serde_json::json!({"traceEvents": ev, "displayTimeUnit": "ms"})
 }
 
-/// Write the Chrome trace to `path`.
-pub fn write_chrome_trace(r: &Replay, path: &std::path::Path) -> Result<()> {
-    let text = chrome_trace(r).to_string();
-    std::fs::write(path, text).map_err(|e| SimError::Io {
-        path: path.display().to_string(),
-        source: e,
-    })
+/// An SVG Gantt chart: one row per unit, one bar per operator, coloured by lane.
+pub fn svg(r: &Replay, title: &str) -> Result<String> {
+    let mut out = String::new();
+    draw(r, title, &mut out).map_err(|msg| SimError::Output {
+        path: "svg".into(),
+        msg,
+    })?;
+    Ok(out)
 }
 
-/// Write an SVG Gantt chart: one row per unit, one bar per operator, coloured by lane.
-pub fn write_svg(r: &Replay, title: &str, path: &std::path::Path) -> Result<()> {
-    let err = |e: String| SimError::Output {
-        path: path.display().to_string(),
-        msg: e,
-    };
+fn draw(r: &Replay, title: &str, out: &mut String) -> std::result::Result<(), String> {
     let used: Vec<usize> = (0..r.units.len())
         .filter(|u| r.timeline.busy[*u] > 0.0)
         .collect();
     let span_ms = (r.timeline.makespan * 1e3).max(1e-6);
-    let root = SVGBackend::new(path, (1200, 120 + 60 * used.len() as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let root =
+        SVGBackend::with_string(out, (1200, 120 + 60 * used.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(90)
         .build_cartesian_2d(0.0..span_ms, 0.0..used.len() as f64)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     let names: Vec<String> = used.iter().map(|u| r.units[*u].clone()).collect();
     chart
         .configure_mesh()
@@ -66,7 +64,7 @@ pub fn write_svg(r: &Replay, title: &str, path: &std::path::Path) -> Result<()> 
         })
         .disable_y_mesh()
         .draw()
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     let mut lanes: Vec<&str> = Vec::new();
     for o in &r.ops {
         if !lanes.contains(&o.lane.as_str()) {
@@ -82,7 +80,7 @@ pub fn write_svg(r: &Replay, title: &str, path: &std::path::Path) -> Result<()> 
             c.filled(),
         ))
     });
-    chart.draw_series(bars).map_err(|e| err(e.to_string()))?;
+    chart.draw_series(bars).map_err(|e| e.to_string())?;
     for (k, l) in lanes.iter().enumerate() {
         let c = Palette99::pick(k);
         chart
@@ -90,7 +88,7 @@ pub fn write_svg(r: &Replay, title: &str, path: &std::path::Path) -> Result<()> 
                 [(0.0, 0.0), (0.0, 0.0)],
                 c.filled(),
             )))
-            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .label(*l)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
     }
@@ -99,7 +97,7 @@ pub fn write_svg(r: &Replay, title: &str, path: &std::path::Path) -> Result<()> 
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())?;
     Ok(())
 }

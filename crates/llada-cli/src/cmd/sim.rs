@@ -132,7 +132,9 @@ pub fn run(a: SimArgs) -> Result<()> {
     };
     let (report, replay) = llada_sim::simulate_full(&trace, &profile, &opts)?;
     if let Some(p) = &a.chrome_trace {
-        llada_sim::output::write_chrome_trace(&replay, p)?;
+        let text = llada_sim::output::chrome_trace(&replay).to_string();
+        llada_formats::atomic::write(p, text.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("chrome trace: {}", p.display());
     }
     if let Some(p) = &a.svg {
@@ -143,7 +145,9 @@ pub fn run(a: SimArgs) -> Result<()> {
             report.profile,
             report.model_shape.as_deref().unwrap_or("as traced")
         );
-        llada_sim::output::write_svg(&replay, &title, p)?;
+        let svg = llada_sim::output::svg(&replay, &title)?;
+        llada_formats::atomic::write(p, svg.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("svg: {}", p.display());
     }
     if a.json {
