@@ -3,7 +3,8 @@
 //!
 //! Subcommands: `generate` (one prompt), `chat` (interactive), `serve` (OpenAI-compatible HTTP), `fetch` (download a model by
 //! alias), `info` (what a model file holds), `bench` (speed against the machine's memory
-//! floor), `convert` / `quantize` (to GGUF), `synth`, `train`, `eval` and the drafts' trainers.
+//! floor), `convert` / `quantize` (to GGUF), `synth`, `train`, `eval`, the drafts' trainers and
+//! `sim` (trace replay on device profiles).
 
 mod bench;
 mod cmd;
@@ -96,6 +97,9 @@ enum Cmd {
     /// Train the feature drafter (`--draft feature`): a small network that drafts from the
     /// target's own final features (no layer of the target, no KV cache; docs/speculative.md).
     TrainFeatureDraft(cmd::train_feature_draft::TrainFeatureDraftArgs),
+    /// Replay an operator trace on a device profile (phone NPU/CPU, PIM, UFS flash): predicted
+    /// latency and energy, or a paper's experiment (docs/sim.md).
+    Sim(Box<cmd::sim::SimArgs>),
 }
 
 /// candle's CPU matmul asks `candle_core::utils::get_num_threads()` for its thread count on
@@ -153,6 +157,7 @@ fn main() {
         Cmd::TrainProbe(a) => cmd::train_probe::run(a),
         Cmd::TrainSelfDraft(a) => cmd::train_self_draft::run(a),
         Cmd::TrainFeatureDraft(a) => cmd::train_feature_draft::run(a),
+        Cmd::Sim(a) => cmd::sim::run(*a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -237,13 +237,16 @@ pub(crate) fn memory_report(
     (j, Some(line))
 }
 
-pub(crate) fn write_trace(args: &ModelArgs, model: &Model) -> Result<()> {
+pub(crate) fn write_trace(args: &ModelArgs, model: &Model, tokens: Option<usize>) -> Result<()> {
     if let Some(p) = &args.trace {
-        let header = serde_json::json!({
+        let mut header = serde_json::json!({
             "llada_trace": 1,
             "model": model.path.display().to_string(),
             "arch": model.config.arch.name(),
         });
+        if let Some(n) = tokens {
+            header["generated_tokens"] = n.into();
+        }
         write_trace_file(p, &header)?;
     }
     Ok(())

@@ -1127,3 +1127,83 @@ fn eval_reports_multi_items_by_subtask() {
     assert_eq!(j["answer_region"], "64", "{j}");
     assert!(j["tasks"]["rev"].as_f64().is_some(), "{j}");
 }
+
+/// `llada sim` replays a trace the engine just wrote: predicted beside measured time, a Chrome
+/// trace and an SVG; bad input is an error naming the problem, never a panic.
+#[test]
+fn sim_replays_a_recorded_trace() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let id = std::process::id();
+    let (trace, chrome, svg) = (
+        dir.join(format!("sim-{id}.jsonl")),
+        dir.join(format!("sim-{id}.json")),
+        dir.join(format!("sim-{id}.svg")),
+    );
+    let model =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-llada-tasks");
+    let model = model.to_str().unwrap();
+    let (t, c, s) = (
+        trace.to_str().unwrap(),
+        chrome.to_str().unwrap(),
+        svg.to_str().unwrap(),
+    );
+    run_json(&[
+        "generate",
+        "--mode",
+        "diffusion",
+        "-m",
+        model,
+        "--raw",
+        "sort:3 1 4=",
+        "--gen-length",
+        "32",
+        "--strategy",
+        "full",
+        "--trace",
+        t,
+        "--json",
+    ]);
+    let r = run_json(&["sim", "--profile", "host", t, "--json"]);
+    assert!(r["predicted_total_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["measured_total_s"].as_f64().unwrap() > 0.0, "{r}");
+    let r = run_json(&[
+        "sim",
+        "-p",
+        "sm8750",
+        "--model-shape",
+        "llada-8b",
+        t,
+        "--json",
+        "--chrome-trace",
+        c,
+        "--svg",
+        s,
+    ]);
+    assert_eq!(r["lanes"]["dense"], "npu", "{r}");
+    let ct: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&chrome).unwrap()).unwrap();
+    assert!(ct["traceEvents"].as_array().unwrap().len() > 100);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let fails = |args: &[&str], want: &str| {
+        let out = llada().arg("sim").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    fails(&["-p", "sm9999", t], "unknown profile");
+    fails(&["--model-shape", "gpt-5", t], "unknown model shape");
+    fails(&["--map", "dense=tpu", t], "no unit 'tpu'");
+    fails(&["/nonexistent.jsonl"], "nonexistent");
+    std::fs::write(&chrome, "{\"llada_trace\": 1}\n{\"op\": \"rmsnorm\"\n").unwrap();
+    fails(&[c], "line 2");
+    fails(
+        &["--experiment", "lever", "--traces", "/nonexistent"],
+        "sim_traces.sh",
+    );
+    for p in [trace, chrome, svg] {
+        let _ = std::fs::remove_file(p);
+    }
+}

@@ -456,6 +456,18 @@ impl WeightStore {
     /// into a staging buffer, or rows of the head; throttled to `--storage-bw` when set.
     fn read(&self, c: &ModelConfig, part: Part) -> Result<StagedUnit, ModelError> {
         let t = Instant::now();
+        // Traced as `storage_read` (the reader thread's lane is `storage`): layer index (-1:
+        // head rows), shape `[bytes]`; `llada sim` replays it on a flash profile (docs/sim.md).
+        let (layer, span_bytes) = match part {
+            Part::Layer(i) => (i as i32, self.plan.layer_bytes[i]),
+            Part::HeadRows(r0, r1) => (
+                -1,
+                self.plan.head_bytes * (r1 - r0) as u64 / c.embedding_rows().max(1) as u64,
+            ),
+        };
+        let _span =
+            llada_runtime::trace::OpSpan::begin("storage_read", layer, &[span_bytes], "bytes")
+                .cost(span_bytes, span_bytes, 0);
         let (staged, bytes) = match part {
             Part::Layer(i) => {
                 let names = self.recipe.layer_tensors(c, i);
@@ -493,6 +505,13 @@ impl WeightStore {
     /// Build a read unit (the compute side): repack its matrices into a recycled arena.
     fn build(&self, c: &ModelConfig, staged: StagedUnit) -> Result<Unit, ModelError> {
         let t = Instant::now();
+        // Traced as `weight_build` on lane `storage_build` (the repack of a read unit).
+        let (layer, bytes) = match &staged {
+            StagedUnit::Layer(i, _) => (*i as i32, self.plan.layer_bytes[*i]),
+            StagedUnit::HeadRows(..) => (-1, 0),
+        };
+        let _span = llada_runtime::trace::OpSpan::begin("weight_build", layer, &[bytes], "bytes")
+            .cost(bytes, bytes, 0);
         let arena = self.plan.unit_arena_bytes as usize;
         let (u, names) = match staged {
             StagedUnit::Layer(i, span) => {
@@ -557,7 +576,7 @@ impl WeightStore {
             }
         });
         scope.spawn(move || {
-            llada_runtime::trace::set_thread_lane("storage");
+            llada_runtime::trace::set_thread_lane("storage_build");
             for r in srx {
                 let r = r.and_then(|staged| self.build(c, staged));
                 let failed = r.is_err();

@@ -103,5 +103,5 @@ pub fn run(a: ChatArgs) -> Result<()> {
             Err(e) => eprintln!("error: {e}"),
         }
     }
-    write_trace(&a.model, engine.model())
+    write_trace(&a.model, engine.model(), None)
 }

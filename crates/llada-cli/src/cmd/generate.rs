@@ -326,13 +326,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     report(&a, &engine, &out, &opts.sampling, rss_before_load)?;
     if diffusion {
         if let Some(p) = &a.model.trace {
-            let header =
-                serde_json::json!({"llada_trace": 1, "model": a.model.model, "mode": "diffusion"});
+            let header = serde_json::json!({"llada_trace": 1, "model": a.model.model,
+                "mode": "diffusion", "generated_tokens": out.tokens.len()});
             write_trace_file(p, &header)?;
         }
         return Ok(());
     }
-    write_trace(&a.model, engine.model())
+    write_trace(&a.model, engine.model(), Some(out.tokens.len()))
 }
 
 /// A diffusion step drawn for the terminal: masked positions as ░, committed tokens in

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod info;
 pub mod quantize;
 pub mod serve;
+pub mod sim;
 pub mod synth;
 pub mod train;
 pub mod train_feature_draft;
