@@ -7,7 +7,7 @@
 //! the rows were batched); every row reads the cache as it was before the pass — the layer's
 //! K/V are written only after all rows have attended.
 
-use super::batch::{Batch, Seg};
+use super::batch::Batch;
 use super::ops::rope;
 use super::validate::CacheRead;
 use super::{AttnMask, SeqPass};
@@ -40,17 +40,13 @@ pub(super) fn attention(
         rope(&mut q, nh, hd, &b.cos, &b.sin);
         rope(&mut k, nkv, hd, &b.cos, &b.sin);
     }
-    let mut attn = Vec::with_capacity(n * qd);
+    let attn = {
+        let caches: Vec<&KvCache> = seqs.iter().map(|sp| &*sp.cache).collect();
+        attend((&q, &k, &v), b, c, &caches, li)
+    };
+    // Deferred cache writes for this layer (after every row has read the old caches).
     for (seg, sp) in b.segs.iter().zip(seqs.iter_mut()) {
-        let r = seg.range();
-        let rows = (
-            &q[r.start * qd..r.end * qd],
-            &k[r.start * kvd..r.end * kvd],
-            &v[r.start * kvd..r.end * kvd],
-        );
-        attn.extend(attend(rows, seg, &b.positions[r.clone()], c, sp.cache, li));
-        // Deferred cache write for this layer (after every row has read the old cache).
-        for i in r {
+        for i in seg.range() {
             if let Some(s) = b.slots[i] {
                 sp.cache.write(
                     li,
@@ -94,25 +90,35 @@ fn qkv(layer: &Layer, h: &[f32], n: usize, l: i32) -> Result<Qkv, ModelError> {
     Ok((q, k, v))
 }
 
-/// Scaled dot-product attention of a sequence's live rows (`q`, `k`, `v` and `positions` are
-/// theirs) over their visible keys (`n × q_dim`).
+/// What one sequence's rows attend over: its cache's rows of this layer and its key lists.
+struct SegKeys<'a> {
+    ck: &'a [f32],
+    cv: &'a [f32],
+    /// Cache slots every row of the sequence sees, when the mask does not look at positions.
+    all_cache: Option<Vec<u32>>,
+}
+
+/// Scaled dot-product attention of every live row over the visible keys of its own sequence
+/// (`n × q_dim`): one parallel loop over all sequences' rows, so many short sequences (a
+/// server's decode steps) cost one dispatch, not one each.
 fn attend(
     (q, k, v): (&[f32], &[f32], &[f32]),
-    seg: &Seg,
-    positions: &[u32],
+    b: &Batch,
     c: &ModelConfig,
-    cache: &KvCache,
+    caches: &[&KvCache],
     li: usize,
 ) -> Vec<f32> {
-    let (n, kv) = (seg.n, &seg.kv);
-    let old_len = kv.old_len;
+    let n = b.n;
     let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
     let (qd, kvd) = (c.q_dim(), c.kv_dim());
     let (scale, group) = (1.0 / (hd as f32).sqrt(), nh / nkv);
-    let ck = &cache.k(li)[..old_len * kvd];
-    let cv = &cache.v(li)[..old_len * kvd];
     let mut attn = vec![0f32; n * qd];
-    let visible_keys = old_len - kv.excluded.iter().filter(|e| **e).count() + n;
+    let visible_keys: usize = b
+        .segs
+        .iter()
+        .map(|s| s.n * (s.kv.old_len - s.kv.excluded.iter().filter(|e| **e).count() + s.n))
+        .sum::<usize>()
+        / n.max(1);
     let _s = OpSpan::begin(
         "attention",
         li as i32,
@@ -124,22 +130,46 @@ fn attend(
         (n * qd * 4) as u64,
         (4 * n * visible_keys * qd) as u64,
     );
-    let mask = seg.mask();
-    let all_cache = shared_cache_keys(mask, kv);
-    let all_cache = all_cache.as_deref();
+    let keys: Vec<SegKeys> = b
+        .segs
+        .iter()
+        .zip(caches)
+        .map(|(seg, cache)| {
+            let old_len = seg.kv.old_len;
+            SegKeys {
+                ck: &cache.k(li)[..old_len * kvd],
+                cv: &cache.v(li)[..old_len * kvd],
+                all_cache: shared_cache_keys(seg.mask(), &seg.kv),
+            }
+        })
+        .collect();
+    let seg_of: Vec<usize> = b
+        .segs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, seg)| std::iter::repeat_n(s, seg.n))
+        .collect();
     // One task per (row, KV group): the group's query heads share every key/value row they
     // read (GQA), and the visible-key list is built once.
     attn.par_chunks_mut(group * hd)
         .enumerate()
         .for_each(|(idx, out)| {
             let (i, g) = (idx / nkv, idx % nkv);
-            let keys = keys_of(i, mask, all_cache, kv, positions);
+            let (seg, sk) = (&b.segs[seg_of[i]], &keys[seg_of[i]]);
+            let r = seg.range();
+            let keys = keys_of(
+                i - r.start,
+                seg.mask(),
+                sk.all_cache.as_deref(),
+                &seg.kv,
+                &b.positions[r.clone()],
+            );
             let rows = KvRows {
-                cache_k: ck,
-                cache_v: cv,
-                new_k: k,
-                new_v: v,
-                split: old_len as u32,
+                cache_k: sk.ck,
+                cache_v: sk.cv,
+                new_k: &k[r.start * kvd..r.end * kvd],
+                new_v: &v[r.start * kvd..r.end * kvd],
+                split: seg.kv.old_len as u32,
                 stride: kvd,
                 offset: g * hd,
             };
