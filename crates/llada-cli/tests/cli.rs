@@ -651,6 +651,15 @@ fn speculative_and_budgeted_runs_match_plain_greedy() {
     assert!(j["verify_passes"].as_u64().unwrap() < 24, "{j}");
     let b = greedy(&["--mem-budget", "25%"]);
     assert_eq!(b["tokens"], base["tokens"]);
+    // A stop string ends the speculative answer where it ends the autoregressive one.
+    let stop = ["--stop", " hero"];
+    let ar = greedy(&stop);
+    assert!(
+        ar["tokens"].as_array().unwrap().len() < 24,
+        "the stop string never came: {ar}"
+    );
+    let j = greedy(&[&stop[..], &["--mode", "speculative", "--tree", "lever"]].concat());
+    assert_eq!((&j["text"], &j["tokens"]), (&ar["text"], &ar["tokens"]));
     // A repetition penalty changes greedy output, and speculative decoding follows it (each
     // verify row penalised for its own draft path).
     let pen = ["--repeat-penalty", "1.3", "--repeat-last-n", "16"];

@@ -279,9 +279,6 @@ impl<'e> Session<'e> {
                 );
             }
         }
-        if !opts.stop.is_empty() {
-            invalid!("stop strings apply to autoregressive generation, not speculative decoding");
-        }
         let draft_lane = e.draft_lane()?;
         let sparse = e.sparse_lane()?;
         let mut d = s
@@ -352,24 +349,54 @@ impl<'e> Session<'e> {
         };
         // Stop ids are emitted by the decoders and end the run: keep them out of the text.
         let tokens = out.tokens.clone();
-        self.whole(ids, &tokens, &stop_ids, Stats::Speculative(out), on_event)
+        self.whole(
+            ids,
+            &tokens,
+            (&stop_ids, &opts.stop),
+            Stats::Speculative(out),
+            on_event,
+        )
     }
 
     /// A generation whose answer came whole (speculative, diffusion): `tokens` up to the first
-    /// of `stop`, decoded and shown to `on_event` as one piece of text.
+    /// of `stop`, decoded and shown to `on_event` as one piece of text. With stop strings, the
+    /// text ends before the first one and the tokens at the one that completed it, as an
+    /// autoregressive run would have stopped.
     fn whole(
         &self,
         prompt_ids: Vec<u32>,
         tokens: &[u32],
-        stop: &[u32],
+        (stop, stop_strings): (&[u32], &[String]),
         stats: Stats,
         on_event: &mut dyn FnMut(Event) -> bool,
     ) -> Result<Generation> {
-        let end = tokens
+        let mut end = tokens
             .iter()
             .position(|t| stop.contains(t))
             .unwrap_or(tokens.len());
-        let text = self.engine.tokenizer()?.decode(&tokens[..end]);
+        let tok = self.engine.tokenizer()?;
+        let mut text = tok.decode(&tokens[..end]);
+        if !stop_strings.is_empty() {
+            let mut stream = llada_decode::ar::TextStream::new();
+            let mut shown = String::new();
+            for (i, &t) in tokens[..end].iter().enumerate() {
+                let before = shown.len();
+                shown.push_str(&stream.push(tok, t));
+                let cut = stop_strings
+                    .iter()
+                    .filter_map(|s| {
+                        let from = before.saturating_sub(s.len());
+                        shown[from..].find(s.as_str()).map(|j| j + from)
+                    })
+                    .min();
+                if let Some(c) = cut {
+                    shown.truncate(c);
+                    text = shown;
+                    end = i + 1;
+                    break;
+                }
+            }
+        }
         on_event(Event::Text(&text));
         Ok(Generation {
             text,
@@ -409,7 +436,7 @@ impl<'e> Session<'e> {
         self.whole(
             ids,
             &tokens,
-            &e.model().stop_ids(),
+            (&e.model().stop_ids(), &[]),
             Stats::Diffusion(out),
             on_event,
         )
