@@ -235,8 +235,8 @@ impl Batcher<'_> {
     /// Start waiting jobs: batched ones while slots are free; a whole-run job (diffusion,
     /// speculative) when nothing else is active.
     fn admit(&mut self) {
+        let whole = self.engine.is_diffusion() || self.draft.is_some();
         while !self.waiting.is_empty() {
-            let whole = self.engine.is_diffusion() || self.draft.is_some();
             if whole {
                 if !self.active.is_empty() {
                     return;
@@ -412,11 +412,7 @@ impl Batcher<'_> {
             Some(d) => {
                 spec = Speculative {
                     draft: d,
-                    shape: TreeShape::CostAware {
-                        max_nodes: 24,
-                        max_depth: 8,
-                        top_k: 3,
-                    },
+                    shape: TreeShape::default(),
                     early_exit: None,
                     ahasd: None,
                 };
@@ -439,27 +435,27 @@ impl Batcher<'_> {
             _ => !job.tx.is_closed(),
         })?;
         frames.flush();
+        // A whole answer ends by length when it used all its room (its own stop otherwise).
+        let by_length = |room: usize| {
+            if g.tokens.len() >= room {
+                "length"
+            } else {
+                "stop"
+            }
+        };
         let (passes, drafted, accepted, reason) = match &g.stats {
             Stats::Ar(a) => (a.forward_passes, None, None, finish_reason(a.stop_reason)),
             Stats::Speculative(s) => (
                 s.verify_passes,
                 Some(s.tree_nodes),
                 Some(s.accepted),
-                if g.tokens.len() >= o.max_tokens {
-                    "length"
-                } else {
-                    "stop"
-                },
+                by_length(o.max_tokens),
             ),
             Stats::Diffusion(d) => (
                 d.forward_passes,
                 None,
                 None,
-                if g.tokens.len() >= o.diffusion.gen_length {
-                    "length"
-                } else {
-                    "stop"
-                },
+                by_length(o.diffusion.gen_length),
             ),
         };
         Ok(Finish {

@@ -39,11 +39,7 @@ fn main() -> llada::Result<()> {
         &Prompt::Raw("The capital of France is"),
         &Mode::Speculative(Speculative {
             draft: &draft,
-            shape: TreeShape::CostAware {
-                max_nodes: 24,
-                max_depth: 8,
-                top_k: 3,
-            },
+            shape: TreeShape::default(), // Lever's cost-aware tree
             early_exit: None,
             ahasd: None,
         }),

@@ -53,6 +53,18 @@ pub enum TreeShape {
     },
 }
 
+/// Lever's cost-aware tree with the limits `llada generate` uses by default (24 nodes, depth 8,
+/// 3 children per node).
+impl Default for TreeShape {
+    fn default() -> Self {
+        TreeShape::CostAware {
+            max_nodes: 24,
+            max_depth: 8,
+            top_k: 3,
+        }
+    }
+}
+
 /// Grow a tree from `drafter`. With `sample` (chain rejection sampling), chain nodes are drawn
 /// from the draft distribution instead of taken greedily; `q_full` receives each node's draft
 /// distribution.
