@@ -29,6 +29,10 @@ pub use crate::model::{Model, ModelFormat};
 pub struct LoadOptions {
     /// Requantize every matrix to this type at load (e.g. Q8_0 for bf16 checkpoints).
     pub quantize: Option<GgmlType>,
+    /// Apply [`Self::quantize`] only to a checkpoint of float matrices: a file whose matrices
+    /// are already block-quantized (a Q4_K_M GGUF) keeps its own types (a draft model's
+    /// default: requantizing would cost quality and, to Q8_0, bytes).
+    pub quantize_floats_only: bool,
     /// Skip loading the tokenizer.
     pub no_tokenizer: bool,
     /// Dequantize every matrix to f32 at load: reference precision (no 8-bit activation
@@ -40,6 +44,13 @@ pub struct LoadOptions {
     /// Emulated storage read bandwidth (bytes/s) for streamed weights (a phone's flash on a
     /// machine with a faster disk); labelled as emulation wherever it is reported.
     pub storage_bw: Option<f64>,
+}
+
+/// Whether any tensor of `src` is block-quantized (a quantized checkpoint).
+fn holds_quantized(src: &dyn TensorSource) -> bool {
+    src.names()
+        .iter()
+        .any(|n| src.get(n).is_some_and(|v| v.ty.is_quantized()))
 }
 
 /// Tensors of layers beyond the config's layer count mean the config and the weights disagree
@@ -231,6 +242,8 @@ impl Model {
         let d = c.d_model;
         let quant = if opts.dequantize {
             Some(GgmlType::F32)
+        } else if opts.quantize_floats_only && holds_quantized(&*src) {
+            None
         } else {
             opts.quantize
         };

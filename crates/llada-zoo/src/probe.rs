@@ -25,6 +25,7 @@ const PROBE_COST: llada_decode::speculative::tree::CostModel =
     llada_decode::speculative::tree::CostModel {
         io_s: 0.1,
         token_s: 0.0025,
+        draft_s: 0.0,
     };
 
 /// What to calibrate: the probe of `draft` (a draft model or a feature head) at the target's

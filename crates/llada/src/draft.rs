@@ -89,8 +89,8 @@ pub fn same_token_ids(draft_path: &Path, draft: &Model, target: &Model) -> Resul
 }
 
 impl DraftSource {
-    /// Load drafter `name` for `target`; `quant`: requantize a draft model's matrices at load
-    /// ([`draft_quant`]).
+    /// Load drafter `name` for `target`; `quant`: requantize a float draft checkpoint's
+    /// matrices at load ([`draft_quant`]; an already quantized draft file keeps its types).
     pub fn load(name: &str, target: &Model, quant: Option<GgmlType>) -> Result<Self> {
         if name == "ngram" {
             return Ok(Self::Ngram);
@@ -126,6 +126,7 @@ impl DraftSource {
         let opts = LoadOptions {
             no_tokenizer: true,
             quantize: quant,
+            quantize_floats_only: true,
             ..Default::default()
         };
         let m = crate::load::load_model(&path, &opts).map_err(|e| match e {

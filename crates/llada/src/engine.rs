@@ -66,6 +66,7 @@ impl EngineOptions {
         }
         Ok(LoadOptions {
             quantize: self.quantize,
+            quantize_floats_only: false,
             no_tokenizer: false,
             dequantize: self.dequantize,
             mem_budget: self

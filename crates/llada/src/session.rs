@@ -279,7 +279,13 @@ impl<'e> Session<'e> {
                 );
             }
         }
-        let draft_lane = e.draft_lane()?;
+        // AHASD runs the draft on a lane of its own, beside the verifier. A tree step drafts
+        // and then verifies, so its draft model runs on the dense lane, on every core.
+        let draft_lane = if s.ahasd.is_some() {
+            e.draft_lane()?
+        } else {
+            e.lane()
+        };
         let sparse = e.sparse_lane()?;
         let mut d = s
             .draft

@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use llada::draft::{draft_quant, DRAFT_QUANT};
-use llada_zoo::bench::spec::{summarise, SpecBench, SpecRun};
+use llada_zoo::bench::spec::{summarise, PromptSet, SpecBench, SpecRun};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -20,12 +20,15 @@ pub struct SpecBenchArgs {
     /// Requantize draft models' matrices at load (as `generate --draft-quantize`).
     #[arg(long, default_value = DRAFT_QUANT)]
     draft_quantize: String,
-    /// Prompts, alternating raw prose continuations and chat requests (chat template);
-    /// each is generated greedily. The first 8 are fixed; more (e.g. `--prompts 50` for the
+    /// Prompts, each generated greedily. A count: alternating raw prose continuations and chat
+    /// requests (chat template); the first 8 are fixed, more (e.g. `--prompts 50` for the
     /// lossless check) are 32-token windows of the held-out Austen + KJV split, alternately raw
     /// and inside a "Continue this passage" request (needs `python3 scripts/fetch_corpora.py`).
-    #[arg(long, default_value_t = 6)]
-    prompts: usize,
+    /// Or HumanEval problems: `humaneval`, `humaneval[:N]`, `humaneval[A:B]`, the prompt field
+    /// raw for even problems and inside a "Complete this function" chat request for odd ones
+    /// (needs `python3 scripts/fetch_humaneval.py`).
+    #[arg(long, default_value = "6")]
+    prompts: PromptSet,
     /// Tokens generated per prompt.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
@@ -47,9 +50,6 @@ pub struct SpecBenchArgs {
 }
 
 pub fn run(a: SpecBenchArgs) -> Result<()> {
-    if a.prompts == 0 {
-        bail!("--prompts must be at least 1");
-    }
     if a.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
@@ -74,7 +74,7 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
     let bench = SpecBench {
         drafts: a.drafts.clone(),
         draft_quant: dq,
-        prompts: a.prompts,
+        prompts: a.prompts.clone(),
         max_tokens: a.max_tokens,
         budgets: a.budgets.clone(),
         storage_bw: a.storage_bw,
@@ -109,6 +109,8 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
         "target": path.display().to_string(),
         "threads": threads,
         "draft_quantize": a.draft_quantize,
+        "prompts": a.prompts.to_string(),
+        "max_tokens": a.max_tokens,
     });
     std::fs::create_dir_all(&a.out_dir)?;
     let mut md = String::from("| config | draft | budget | tok/s | MB read / token | peak RSS MB | weights peak MB | accepted / pass | tree nodes / pass | verify passes | compute saved | draft / verify lane busy | identical to AR |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -199,8 +201,10 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
         ));
     }
     md.push_str(&format!(
-        "\nTarget {}, {threads} threads, draft models requantized to {} at load{}.\n",
+        "\nTarget {}, prompts {}, {} tokens each, {threads} threads, float draft checkpoints requantized to {} at load{}.\n",
         path.display(),
+        a.prompts,
+        a.max_tokens,
         a.draft_quantize,
         a.storage_bw.map_or(String::new(), |g| format!(
             ", EMULATED storage bandwidth {g} GB/s"

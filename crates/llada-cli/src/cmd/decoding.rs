@@ -159,8 +159,9 @@ pub struct SpecArgs {
     /// prompt lookup into SOURCE's proposals (e.g. `ngram+models/smollm2-draft`).
     #[arg(long)]
     pub draft: Option<String>,
-    /// Requantize a draft model's matrices at load: q8_0 (default: a quarter of the f32 bytes
-    /// its proposals read), q4_0, q4_1, q4_k, or none (compute the checkpoint as stored).
+    /// Requantize a float draft checkpoint's matrices at load: q8_0 (default: a quarter of the
+    /// f32 bytes its proposals read), q4_0, q4_1, q4_k, or none (compute it as stored). A draft
+    /// file that is already quantized (a Q4_K_M GGUF) keeps its own types.
     #[arg(long, default_value = DRAFT_QUANT)]
     pub draft_quantize: String,
     /// Tree: chain (llama.cpp style), topk (fixed widths), lever (cost-aware growth)

@@ -13,6 +13,7 @@ pub mod accept;
 pub mod ahasd;
 pub mod drafter;
 pub mod featdraft;
+pub mod gate;
 pub mod prune;
 pub mod selfdraft;
 pub mod tree;
@@ -74,6 +75,8 @@ pub struct SpecOutput {
     pub tvc_gated: Option<String>,
     /// AHASD with TVC: drafts pre-verified on the draft lane.
     pub preverified: usize,
+    /// Steps that verified the root alone because drafting did not pay ([`gate`]).
+    pub declined_steps: usize,
 }
 
 impl SpecOutput {
@@ -121,6 +124,10 @@ pub fn generate(
     let chain_rejection = !greedy && matches!(cfg.shape, TreeShape::Chain { .. });
     let mut q_full: Vec<Vec<f32>> = vec![];
     let budget = cfg.max_tokens;
+    // Lever's cost-aware tree adapts to measured costs, its draft's too, and declines drafting
+    // that does not pay ([`gate`]); the fixed shapes are the baselines and always draft.
+    let adaptive = cfg.fixed_cost.is_none() && matches!(cfg.shape, TreeShape::CostAware { .. });
+    let mut gate = gate::DraftGate::default();
     while out.tokens.len() < budget {
         let base = ctx.len() - 1; // slot / position of the root
         if base + 1 >= target.config.max_ctx {
@@ -133,15 +140,26 @@ pub fn generate(
                 ..cfg.sampling
             })
         });
-        let mut tree = grow(
-            drafter,
-            &ctx,
-            &cfg.shape,
-            &cal,
-            &cost,
-            draft_sampler.as_mut(),
-            &mut q_full,
-        )?;
+        let drafted = !adaptive || gate.should_draft();
+        let mut tree = if drafted {
+            grow(
+                drafter,
+                &ctx,
+                &cfg.shape,
+                &cal,
+                &cost,
+                draft_sampler.as_mut(),
+                &mut q_full,
+            )?
+        } else {
+            q_full.clear();
+            tree::DraftTree::default()
+        };
+        if drafted && adaptive {
+            // Seconds per proposal: the root's and one per node (smoothed).
+            let per = td.elapsed().as_secs_f64() / (tree.len() + 1) as f64;
+            cost.draft_s += 0.3 * (per - cost.draft_s);
+        }
         // Never verify past the context or far past the token budget.
         let room = (target.config.max_ctx - base - 1).min(budget - out.tokens.len());
         while !tree.is_empty() && tree.depth.iter().any(|&d| d as usize > room) {
@@ -316,6 +334,7 @@ pub fn generate(
             .chain([acc.bonus])
             .collect();
         let mut stop = false;
+        let emitted_n = emitted.len();
         for t in emitted {
             if out.tokens.len() >= budget {
                 stop = true;
@@ -330,12 +349,17 @@ pub fn generate(
         }
         // The cache must hold exactly ctx[..len − 1].
         cache.truncate(ctx.len() - 1);
+        if adaptive {
+            let secs = td.elapsed().as_secs_f64();
+            gate.record(drafted, emitted_n, secs, cost.pass(1));
+        }
         if stop {
             break;
         }
     }
     out.total_s = t0.elapsed().as_secs_f64();
     out.cost = cost;
+    out.declined_steps = gate.declined;
     Ok(out)
 }
 
@@ -430,5 +454,6 @@ fn refit(samples: &[(f64, f64)], prev: CostModel) -> CostModel {
     CostModel {
         io_s: (f.mean_y - token_s * f.mean_x).max(1e-6),
         token_s,
+        draft_s: prev.draft_s,
     }
 }

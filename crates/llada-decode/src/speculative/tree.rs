@@ -152,12 +152,15 @@ impl Calibration {
     }
 }
 
-/// Cost of one verify pass of `n` tree tokens: `io_s + n · token_s` (Lever's cost model: the
-/// weight I/O of a pass is paid once, compute grows with the rows).
+/// Cost of one step with a tree of `n` tokens: the verify pass `io_s + n · token_s` (Lever's
+/// cost model: the weight I/O of a pass is paid once, compute grows with the rows) plus the
+/// draft's proposals, `draft_s` each (one for the root and one per node it expands; 0 for a
+/// drafter without a model, or on hardware of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
 pub struct CostModel {
     pub io_s: f64,
     pub token_s: f64,
+    pub draft_s: f64,
 }
 
 impl CostModel {
@@ -165,15 +168,20 @@ impl CostModel {
     pub const START: CostModel = CostModel {
         io_s: 1e-2,
         token_s: 1e-2 / 16.0,
+        draft_s: 0.0,
     };
     pub fn pass(&self, n: usize) -> f64 {
         self.io_s + n as f64 * self.token_s
     }
+    /// A whole step: the pass and `n + 1` proposals.
+    pub fn step(&self, n: usize) -> f64 {
+        self.pass(n) + (n + 1) as f64 * self.draft_s
+    }
     /// Grow the tree by a candidate of path probability `a` iff it raises the rate
-    /// `(1 + E) / cost(n)`: `(1 + E + a) / cost(n + 1) > (1 + E) / cost(n)`, i.e.
-    /// `a > (1 + E) · token_s / cost(n)`.
+    /// `(1 + E) / step(n)`: `(1 + E + a) / step(n + 1) > (1 + E) / step(n)`, i.e.
+    /// `a > (1 + E) · (token_s + draft_s) / step(n)`.
     pub fn worth_adding(&self, expected: f64, n: usize, a: f64) -> bool {
-        a > (1.0 + expected) * self.token_s / self.pass(n)
+        a > (1.0 + expected) * (self.token_s + self.draft_s) / self.step(n)
     }
 }
 
@@ -219,15 +227,23 @@ mod tests {
         let io = CostModel {
             io_s: 1.0,
             token_s: 0.001,
+            draft_s: 0.0,
         };
         assert!(io.worth_adding(2.0, 10, 0.01));
         // Compute dominates: only likely nodes are worth a row.
         let cpu = CostModel {
             io_s: 0.001,
             token_s: 0.01,
+            draft_s: 0.0,
         };
         assert!(!cpu.worth_adding(2.0, 10, 0.2));
         assert!(cpu.worth_adding(0.0, 1, 0.95));
+        // A draft proposal that costs half a pass: a node must be likelier to pay for itself.
+        let slow_draft = CostModel { draft_s: 0.5, ..io };
+        // (threshold (0.001 + 0.5) / (1.001 + 2 · 0.5) ≈ 0.25 against 0.001 without the draft)
+        assert!(io.worth_adding(0.0, 1, 0.2));
+        assert!(!slow_draft.worth_adding(0.0, 1, 0.2));
+        assert!(slow_draft.worth_adding(0.0, 1, 0.6));
     }
 
     #[test]

@@ -224,11 +224,15 @@ fn zero_padding(lay: &Layout, row: &mut [u8]) {
 /// Repack the plane kinds: whole bytes move from the GGML blocks to the planes (a streamed
 /// model repacks every streamed layer on every pass).
 fn repack_planes(lay: &Layout, s: &[u8], dst: &mut [u8]) {
-    dst.fill(0);
     match lay.kind {
-        Kind::Q5D16 => repack_q5(lay, s, dst, 22),
-        Kind::Q5DM16 => repack_q5(lay, s, dst, 24),
+        Kind::Q5D16 | Kind::Q5DM16 => {
+            dst.fill(0);
+            repack_q5(lay, s, dst, if lay.kind == Kind::Q5D16 { 22 } else { 24 })
+        }
         k => {
+            // Whole super-blocks (`nb` a multiple of 8, so `nbe == nb`): the planes and the
+            // headers are written in full, only the tail to the stride is padding.
+            dst[lay.sc + lay.nb / 8 * k.header()..].fill(0);
             let bb = match k {
                 Kind::K4 => 144,
                 Kind::K5 => 176,
@@ -289,26 +293,47 @@ fn repack_q5(lay: &Layout, s: &[u8], dst: &mut [u8], bb: usize) {
 /// plane of 8 blocks (byte `j` of a block = element `j` | element `16 + j` << 4).
 fn nibbles_k(qs: &[u8], out: &mut [u8]) {
     for c in 0..4 {
-        let q = &qs[32 * c..32 * c + 32];
-        let (even, odd) = out[32 * c..32 * c + 32].split_at_mut(16);
-        for j in 0..16 {
-            let (lo, hi) = (q[j], q[16 + j]);
-            even[j] = (lo & 0x0F) | (hi << 4);
-            odd[j] = (lo >> 4) | (hi & 0xF0);
-        }
+        let q: &[u8; 32] = qs[32 * c..32 * c + 32].try_into().expect("32 bytes");
+        let o: &mut [u8; 32] = (&mut out[32 * c..32 * c + 32])
+            .try_into()
+            .expect("32 bytes");
+        split_nibbles(q, o);
     }
+}
+
+/// 32 bytes `q` of two 16-byte halves (`lo`, `hi`) → `o[0..16]` the low nibbles of both
+/// (`lo & 15 | hi << 4`), `o[16..32]` the high ones (`lo >> 4 | hi & 0xF0`). Fixed sizes, so
+/// the loop compiles to vector code (a streamed layer is repacked on every pass).
+#[inline(always)]
+fn split_nibbles(q: &[u8; 32], o: &mut [u8; 32]) {
+    for j in 0..16 {
+        let (lo, hi) = (q[j], q[16 + j]);
+        o[j] = (lo & 0x0F) | (hi << 4);
+        o[16 + j] = (lo >> 4) | (hi & 0xF0);
+    }
+}
+
+/// Bit `s` of each of 8 bytes (`x`, little-endian) gathered into one byte: bit `j` = bit `s`
+/// of byte `j`. The multiply moves bit `8j` to bit `56 + j`, without carries (every partial
+/// product lands on its own bit).
+#[inline(always)]
+fn gather_bits(x: u64, s: u32) -> u32 {
+    let m = (x >> s) & 0x0101_0101_0101_0101;
+    (m.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 /// Q5_K's `qh[32]` (bit `s` of byte `l` = 5th bit of sub-block `s`, element `l`) → the bit
 /// plane of 4 pairs.
 fn bits_k5(qh: &[u8], out: &mut [u8]) {
-    for c in 0..4 {
-        let (mut lo, mut hi) = (0u32, 0u32);
-        for j in 0..16 {
-            let (x, y) = (qh[j] >> (2 * c), qh[16 + j] >> (2 * c));
-            lo |= ((x & 1) as u32) << j | (((x >> 1) & 1) as u32) << (16 + j);
-            hi |= ((y & 1) as u32) << j | (((y >> 1) & 1) as u32) << (16 + j);
-        }
+    let w = |i: usize| u64::from_le_bytes(qh[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    let (q0, q1, q2, q3) = (w(0), w(1), w(2), w(3));
+    // 16 bits of bit `s` over 16 bytes (two words).
+    let g16 = |a: u64, b: u64, s: u32| gather_bits(a, s) | gather_bits(b, s) << 8;
+    for c in 0..4u32 {
+        let (s0, s1) = (2 * c, 2 * c + 1);
+        let lo = g16(q0, q1, s0) | g16(q0, q1, s1) << 16;
+        let hi = g16(q2, q3, s0) | g16(q2, q3, s1) << 16;
+        let c = c as usize;
         out[8 * c..8 * c + 4].copy_from_slice(&lo.to_le_bytes());
         out[8 * c + 4..8 * c + 8].copy_from_slice(&hi.to_le_bytes());
     }
@@ -331,26 +356,21 @@ fn twobits_k(qs: &[u8], out: &mut [u8]) {
 /// or high nibbles of `ql[64h + 32(k % 2)..]` and bits `2k` of `qh[32h..]`.
 fn planes_k6(b: &[u8], out: &mut [u8], nib: usize, two: usize) {
     for h in 0..2 {
-        for k in 0..4 {
-            let src = &b[64 * h + 32 * (k % 2)..64 * h + 32 * (k % 2) + 32];
-            let o = nib + 16 * (4 * h + k);
-            for j in 0..16 {
-                let (lo, hi) = (src[j], src[16 + j]);
-                out[o + j] = if k < 2 {
-                    (lo & 0x0F) | (hi << 4)
-                } else {
-                    (lo >> 4) | (hi & 0xF0)
-                };
-            }
+        for half in 0..2 {
+            let src: &[u8; 32] = b[64 * h + 32 * half..][..32].try_into().expect("32 bytes");
+            let mut o = [0u8; 32];
+            split_nibbles(src, &mut o);
+            // Low nibbles are block 4h + half, high ones block 4h + 2 + half.
+            let (lo_at, hi_at) = (nib + 16 * (4 * h + half), nib + 16 * (4 * h + 2 + half));
+            out[lo_at..lo_at + 16].copy_from_slice(&o[..16]);
+            out[hi_at..hi_at + 16].copy_from_slice(&o[16..]);
         }
-        let qh = &b[128 + 32 * h..160 + 32 * h];
-        for kp in 0..2 {
-            let o = two + 16 * (2 * h + kp);
-            for j in 0..16 {
-                let sh = 4 * kp;
-                out[o + j] = ((qh[j] >> sh) & 0xF) | (((qh[16 + j] >> sh) & 0xF) << 4);
-            }
-        }
+        let qh: &[u8; 32] = b[128 + 32 * h..160 + 32 * h].try_into().expect("32 bytes");
+        let o: &mut [u8; 32] = (&mut out[two + 32 * h..two + 32 * h + 32])
+            .try_into()
+            .expect("32 bytes");
+        // Pair 2h takes bits 0–3 of each qh byte, pair 2h + 1 bits 4–7: the nibble split.
+        split_nibbles(qh, o);
     }
 }
 

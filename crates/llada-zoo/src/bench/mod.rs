@@ -5,4 +5,5 @@
 pub mod ar;
 pub mod diffusion;
 pub mod peer;
+pub mod prompts;
 pub mod spec;

@@ -3,7 +3,8 @@
 //! by prompt, with the tokens, timings, weight traffic and memory peaks of each, checked
 //! against AR's output; and the summary ratios at the tightest budget.
 
-use crate::error::{bail, Context, Result};
+pub use super::prompts::PromptSet;
+use crate::error::{Context, Result};
 use crate::progress::Progress;
 use llada::draft::DraftSource;
 use llada_decode::speculative::drafter::TreeShape;
@@ -201,76 +202,6 @@ fn cell_order(i: usize, cells: usize, prompts: usize) -> impl Iterator<Item = us
     (0..cells).map(move |j| (start + j) % cells)
 }
 
-/// Bench prompts, alternating prose continuations (raw text, no template: held-out-style
-/// prose) and chat requests (rendered with the target's chat template).
-const PROMPTS: [(&str, bool); 8] = [
-    ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.", false),
-    ("Write a Python function that returns the n-th Fibonacci number, then explain how it works.", true),
-    ("In the beginning God created the heaven and the earth. And the earth was without form, and void;", false),
-    ("List the planets of the solar system in order from the Sun, one per line.", true),
-    ("Mr. Darcy walked towards them with Mr. Bingley, and Elizabeth, who had been", false),
-    ("Explain what a hash map is and give an example of using one.", true),
-    ("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox", false),
-    ("Summarise the rules of chess in five sentences.", true),
-];
-
-/// `n` bench prompts as token ids: [`PROMPTS`] first, then held-out corpus windows (see
-/// `--prompts`), each rendered with the target's chat template when it is a chat request.
-fn bench_prompts(tok: &llada_formats::tokenizer::Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
-    let mut texts: Vec<(String, bool)> = PROMPTS
-        .iter()
-        .take(n)
-        .map(|&(p, chat)| (p.to_string(), chat))
-        .collect();
-    if n > texts.len() {
-        let files = [
-            llada::models::data_file("austen.txt"),
-            llada::models::data_file("kjv.txt"),
-        ];
-        if let Some(f) = files.iter().find(|f| !f.exists()) {
-            bail!(
-                "--prompts {n}: prompts past the first {} are held-out corpus windows, and {} is \
-                 missing; run `python3 scripts/fetch_corpora.py` first",
-                PROMPTS.len(),
-                f.display()
-            );
-        }
-        // Lines joined by the newline token, so a window decodes to the text as written.
-        let nl = tok
-            .encode("\n")
-            .map_err(crate::error::msg)?
-            .last()
-            .copied()
-            .context("the tokenizer encodes no newline")?;
-        let corpus = llada_train::prose::Corpus::load(&files, &tok.inner, nl)?;
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(50);
-        for (i, w) in corpus
-            .windows(true, n - texts.len(), 32, &mut rng)
-            .into_iter()
-            .enumerate()
-        {
-            let text = tok.decode(&w);
-            texts.push(if i % 2 == 1 {
-                (format!("Continue this passage:\n{text}"), true)
-            } else {
-                (text, false)
-            });
-        }
-    }
-    texts
-        .iter()
-        .map(|(p, chat)| {
-            let text = if *chat {
-                tok.template
-                    .render(&[llada_formats::tokenizer::Message::new("user", p)], true)
-            } else {
-                p.clone()
-            };
-            tok.encode(&text).map_err(crate::error::msg)
-        })
-        .collect()
-}
-
 /// Reset the peak-RSS counter (Linux: `5` → /proc/self/clear_refs) and the weight-memory
 /// high-water mark, so each configuration's peak is its own. The staging pool is left as the
 /// previous run left it, as in a long-lived process: a run after a TVC run (two streamed
@@ -288,7 +219,7 @@ fn reset_peak_rss() {
 pub struct SpecBench {
     pub drafts: Vec<String>,
     pub draft_quant: Option<GgmlType>,
-    pub prompts: usize,
+    pub prompts: PromptSet,
     pub max_tokens: usize,
     pub budgets: Vec<String>,
     /// Emulated storage read bandwidth (GB/s) for streamed weights.
@@ -389,7 +320,7 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
             .context("the target has no tokenizer")?;
         let prompts: &Vec<Vec<u32>> = match &mut prompts_once {
             Some(p) => p,
-            slot @ None => slot.insert(bench_prompts(tok, a.prompts)?),
+            slot @ None => slot.insert(a.prompts.load(tok)?),
         };
         let streamed = |m: &Model| {
             m.store.as_ref().map_or(0, |s| {
@@ -529,7 +460,11 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                 let tokens = cell.tally.measure(
                     || streamed(&target),
                     |t| {
-                        let mut d = src.drafter(&target, &dlane, 0.0)?;
+                        // Tree steps draft then verify: the draft runs on every core (the
+                        // dense lane). AHASD's drafter has its own lane beside the verifier.
+                        let own_lane = matches!(mode, CellMode::Ahasd { .. });
+                        let mut d =
+                            src.drafter(&target, if own_lane { &dlane } else { &lane }, 0.0)?;
                         Ok(match mode {
                             CellMode::Tree { shape, exit } => {
                                 let o = spec_generate(
