@@ -47,6 +47,15 @@ pub struct SpecBenchArgs {
     /// Print the report (report.json's content) as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Add llama.cpp's speculative example (`llama-speculative-simple`, built by
+    /// scripts/peer/llama_cpp.sh, docs/peer.md) with each GGUF draft model, on the same files
+    /// and prompts, at --spec-draft-n-max 4 and 16: rows at the unlimited budget (it cannot
+    /// stream weights).
+    #[arg(long)]
+    peer: bool,
+    /// The peer's binary directory (default: $LLADA_PEER_DIR, else the cache's peer/).
+    #[arg(long, value_name = "DIR", requires = "peer")]
+    peer_dir: Option<PathBuf>,
 }
 
 pub fn run(a: SpecBenchArgs) -> Result<()> {
@@ -60,6 +69,12 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
     for b in a.budgets.iter().filter(|b| *b != "unlimited") {
         llada_model::store::Budget::parse(b).map_err(|e| anyhow::anyhow!("--budgets {b}: {e}"))?;
     }
+    // Found before any model loads, so that a missing peer fails at once.
+    let peer_dir = if a.peer {
+        Some(llada_zoo::bench::peer::find_bin_dir(a.peer_dir.as_deref())?)
+    } else {
+        None
+    };
     let dq = draft_quant(&a.draft_quantize)?;
     let path = crate::models::resolve(&a.target, a.json)?;
     let threads = crate::threads(a.threads)?;
@@ -75,6 +90,7 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
         drafts: a.drafts.clone(),
         draft_quant: dq,
         prompts: a.prompts.clone(),
+        peer_dir,
         max_tokens: a.max_tokens,
         budgets: a.budgets.clone(),
         storage_bw: a.storage_bw,
@@ -90,9 +106,26 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
     let (low, sd, lever_name) = (summary.budget, summary.draft, summary.config);
     let head = serde_json::to_value(&summary.head)?;
     let per_draft = summary.per_draft;
-    let total: usize = runs.iter().map(|r| r.prompts).sum();
-    let same: usize = runs.iter().map(|r| r.identical).sum();
+    // The peer's text is not compared (it prints it among its logs).
+    let ours = runs.iter().filter(|r| !r.peer);
+    let total: usize = ours.clone().map(|r| r.prompts).sum();
+    let same: usize = ours.map(|r| r.identical).sum();
+    // Resident (unlimited budget): the summary drafter's Lever tree against AR and against
+    // the peer's best row.
+    let rate = |f: &dyn Fn(&SpecRun) -> bool| {
+        runs.iter()
+            .filter(|r| r.budget == "unlimited" && f(r))
+            .map(|r| r.tokens_per_s)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+    };
+    let lever_resident = rate(&|r| !r.peer && r.draft == sd && r.config == "lever-tree");
+    let ar_resident = rate(&|r| r.config == "ar");
+    let peer_resident = rate(&|r| r.peer);
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     let report = serde_json::json!({
+        "resident_lever_vs_ar": ratio(lever_resident, ar_resident),
+        "resident_lever_vs_peer": ratio(lever_resident, peer_resident),
+        "peer_resident_tokens_per_s": peer_resident,
         "runs": runs,
         "summary_budget": low,
         "summary_draft": sd,
@@ -119,7 +152,7 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
     );
     for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.1} | {:.2} | {:.1} | {} | {:.0}% | {:.0}% / {:.0}% | {}/{} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {:.1} | {:.2} | {:.1} | {} | {:.0}% | {:.0}% / {:.0}% | {} |\n",
             r.config,
             r.draft,
             r.budget,
@@ -134,8 +167,11 @@ pub fn run(a: SpecBenchArgs) -> Result<()> {
             100.0 * r.compute_saved,
             100.0 * r.draft_util,
             100.0 * r.verify_util,
-            r.identical,
-            r.prompts
+            if r.peer {
+                "–".to_string()
+            } else {
+                format!("{}/{}", r.identical, r.prompts)
+            }
         ));
         csv.push_str(&format!(
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",

@@ -5,5 +5,6 @@
 pub mod ar;
 pub mod diffusion;
 pub mod peer;
+pub mod peer_spec;
 pub mod prompts;
 pub mod spec;

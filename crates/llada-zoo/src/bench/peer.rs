@@ -122,7 +122,7 @@ pub fn parse_llama_bench_json(text: &str, n_prompt: usize, n_gen: usize) -> Resu
 }
 
 /// The last `n` lines of `s`.
-fn tail(s: &str, n: usize) -> String {
+pub(crate) fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

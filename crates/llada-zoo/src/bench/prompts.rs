@@ -85,22 +85,29 @@ impl PromptSet {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// The prompts as token ids.
-    pub fn load(&self, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    /// The prompts as text, chat requests rendered with the target's template (what a peer
+    /// given text tokenizes to the ids of [`Self::load`]).
+    pub fn texts(&self, tok: &Tokenizer) -> Result<Vec<String>> {
         let texts = match *self {
             PromptSet::Mixed(n) => mixed_texts(tok, n)?,
             PromptSet::HumanEval { start, end } => humaneval_texts(start, end)?,
         };
-        texts
-            .iter()
+        Ok(texts
+            .into_iter()
             .map(|(p, chat)| {
-                let text = if *chat {
-                    tok.template.render(&[Message::new("user", p)], true)
+                if chat {
+                    tok.template.render(&[Message::new("user", &p)], true)
                 } else {
-                    p.clone()
-                };
-                tok.encode(&text).map_err(crate::error::msg)
+                    p
+                }
             })
+            .collect())
+    }
+    /// The prompts as token ids.
+    pub fn load(&self, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+        self.texts(tok)?
+            .iter()
+            .map(|t| tok.encode(t).map_err(crate::error::msg))
             .collect()
     }
 }

@@ -56,6 +56,10 @@ pub struct SpecRun {
     pub tvc_skips: usize,
     /// TVC: why it stayed off in this configuration's runs (`ahasd::tvc_gate`), if it did.
     pub tvc_gated: Option<String>,
+    /// Lever: steps that verified the root alone because drafting did not pay.
+    pub declined_steps: usize,
+    /// A row of the llama.cpp peer (its text is not compared with ours: `identical` is 0).
+    pub peer: bool,
 }
 
 /// How a bench cell decodes: a tree shape verified in lock-step (optionally with early exit),
@@ -70,6 +74,8 @@ enum CellMode {
         tvc: bool,
         synchronous: bool,
     },
+    /// llama.cpp's speculative example with at most `n_max` drafts a step.
+    Peer { n_max: usize },
 }
 
 /// One configuration of one drafter under one budget, and what its runs have added up.
@@ -119,6 +125,7 @@ struct Tally {
     preverified: usize,
     tvc_skips: usize,
     tvc_gated: Option<String>,
+    declined: usize,
     /// Weight bytes streamed from storage.
     bytes: u64,
     peak_rss: Option<u64>,
@@ -186,6 +193,8 @@ impl Tally {
             preverified: self.preverified,
             tvc_skips: self.tvc_skips,
             tvc_gated: self.tvc_gated.clone(),
+            declined_steps: self.declined,
+            peer: false,
         }
     }
 }
@@ -225,7 +234,14 @@ pub struct SpecBench {
     /// Emulated storage read bandwidth (GB/s) for streamed weights.
     pub storage_bw: Option<f64>,
     pub threads: usize,
+    /// The llama.cpp peer's binaries: `llama-speculative-simple` with each draft model file,
+    /// resident (the unlimited budget only), on the same prompts ([`super::peer_spec`]).
+    pub peer_dir: Option<std::path::PathBuf>,
 }
+
+/// `--spec-draft-n-max` of the peer's rows: llama.cpp's own example settings (4), and the
+/// longest draft our chain baseline uses (16).
+pub const PEER_N_MAX: [usize; 2] = [4, 16];
 
 /// Weight memory and RSS under one budget.
 #[derive(Serialize, Clone, Debug)]
@@ -285,7 +301,7 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
     let mut reference: Vec<Vec<u32>> = vec![];
     // The prompts are the same under every budget (one target, one tokenizer): built once, so
     // the held-out corpora past the first 8 are tokenized once, not per budget.
-    let mut prompts_once: Option<Vec<Vec<u32>>> = None;
+    let mut prompts_once: Option<(Vec<Vec<u32>>, Vec<String>)> = None;
     progress.set_len((a.budgets.len() * (2 + 8 * a.drafts.len())) as u64);
     for budget in &a.budgets {
         let mem_budget = if budget == "unlimited" {
@@ -318,9 +334,14 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
             .tokenizer
             .as_ref()
             .context("the target has no tokenizer")?;
-        let prompts: &Vec<Vec<u32>> = match &mut prompts_once {
-            Some(p) => p,
-            slot @ None => slot.insert(a.prompts.load(tok)?),
+        let (prompts, texts) = match &mut prompts_once {
+            Some(p) => (&p.0, &p.1),
+            slot @ None => {
+                let texts = a.prompts.texts(tok)?;
+                let ids = a.prompts.load(tok)?;
+                let p = slot.insert((ids, texts));
+                (&p.0, &p.1)
+            }
         };
         let streamed = |m: &Model| {
             m.store.as_ref().map_or(0, |s| {
@@ -413,7 +434,38 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                 ));
             }
         }
-        progress.set_len((a.budgets.len() * prompts.len() * (2 + cells.len())) as u64);
+        // The peer's rows: resident only, for each drafter that is a GGUF draft model.
+        let mut peer_cells: Vec<(usize, Cell)> = vec![];
+        let mut peer_paths: Vec<std::path::PathBuf> = vec![];
+        let mut peer_bin: Vec<std::path::PathBuf> = vec![];
+        let mut peer_names: Vec<String> = vec![];
+        if let (Some(bin), None) = (&a.peer_dir, mem_budget) {
+            for draft in &a.drafts {
+                let Ok(p) = llada::models::resolve(draft, true) else {
+                    continue;
+                };
+                if p.extension().is_none_or(|e| e != "gguf") || !p.is_file() {
+                    continue;
+                }
+                for n_max in PEER_N_MAX {
+                    let name = if n_max == 4 {
+                        "llama.cpp-spec-n4"
+                    } else {
+                        "llama.cpp-spec-n16"
+                    };
+                    peer_cells.push((
+                        peer_paths.len(),
+                        Cell::new(name, 0, CellMode::Peer { n_max }),
+                    ));
+                }
+                peer_paths.push(p);
+                peer_bin.push(bin.clone());
+                peer_names.push(draft.clone());
+            }
+        }
+        progress.set_len(
+            (a.budgets.len() * prompts.len() * (2 + cells.len() + peer_cells.len())) as u64,
+        );
         // AR: both passes pool into one row; `ar_pass` keeps each pass's seconds, tokens and
         // prompts identical to the reference (the drift line).
         let mut ar = Tally::default();
@@ -466,6 +518,11 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                         let mut d =
                             src.drafter(&target, if own_lane { &dlane } else { &lane }, 0.0)?;
                         Ok(match mode {
+                            CellMode::Peer { .. } => {
+                                return Err(crate::error::Error::Invalid(
+                                    "a peer row runs outside our decoders".into(),
+                                ))
+                            }
                             CellMode::Tree { shape, exit } => {
                                 let o = spec_generate(
                                     &target,
@@ -483,6 +540,7 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                                         fixed_cost: None,
                                     },
                                 )?;
+                                t.declined += o.declined_steps;
                                 t.rows_saved += o.layer_rows_saved;
                                 t.rows_total += o.layer_rows_total;
                                 t.draft_busy += o.draft_s;
@@ -532,6 +590,30 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                 cell.tally.same += usize::from(tokens == reference[i]);
                 progress.inc(1);
             }
+            for (d, cell) in peer_cells.iter_mut() {
+                let (bin, draft_path) = (&peer_bin[*d], &peer_paths[*d]);
+                progress.status(&format!("{budget}: prompt {}: {}", i + 1, cell.name));
+                let CellMode::Peer { n_max } = cell.mode else {
+                    continue;
+                };
+                let r = super::peer_spec::run(
+                    bin,
+                    path,
+                    draft_path,
+                    &texts[i],
+                    a.max_tokens,
+                    a.threads,
+                    n_max,
+                )?;
+                let t = &mut cell.tally;
+                t.secs += r.secs;
+                t.tokens += r.tokens;
+                t.accepted += r.accepted;
+                // Every step emits its accepted drafts and one token of the target's.
+                t.passes += r.tokens.saturating_sub(r.accepted);
+                t.nodes += r.drafted;
+                progress.inc(1);
+            }
             progress.status(&format!("{budget}: prompt {}: ar (again)", i + 1));
             ar_once(i, 1, &mut reference)?;
             progress.inc(1);
@@ -550,6 +632,13 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                 cell.tally
                     .run(cell.name, draft, budget, prompts.len(), *draft_w),
             );
+        }
+        for (d, cell) in &peer_cells {
+            let mut r = cell
+                .tally
+                .run(cell.name, &peer_names[*d], budget, prompts.len(), 0);
+            r.peer = true;
+            runs.push(r);
         }
         ar_drift.push(ArDrift {
             budget: budget.clone(),
