@@ -253,19 +253,19 @@ impl Model {
         // Streamed weights (memory budget): a prefetch thread builds the next streamed layer
         // while this one computes; resident layers are used in place.
         std::thread::scope(|scope| -> Result<Vec<ForwardOutput>, ModelError> {
-            let stream: Option<Stream> = match stop {
+            let mut stream: Option<Stream> = match stop {
                 Some(_) => None,
-                None => self.store.as_ref().map(|st| (st, st.start(scope, c))),
+                None => self.store.as_ref().map(|st| st.open(scope, c)),
             };
             for (li, slot) in self.weights.layers.iter().enumerate() {
                 if stop == Some(li) {
                     break;
                 }
                 let staged;
-                let layer: &Layer = match (slot, &stream) {
+                let layer: &Layer = match (slot, &mut stream) {
                     (Some(l), _) => l,
-                    (None, Some((st, rx))) => {
-                        staged = match st.next(rx)? {
+                    (None, Some(s)) => {
+                        staged = match s.next()? {
                             Unit::Layer(l) => l,
                             Unit::HeadRows(..) => {
                                 return Err(ModelError::Other("weight stream out of order".into()))
@@ -284,7 +284,7 @@ impl Model {
             }
             match stop {
                 Some(_) => Ok(b.hidden(c.d_model)),
-                None => self.head(&b, stream.as_ref()),
+                None => self.head(&b, stream.as_mut()),
             }
         })
     }

@@ -15,6 +15,7 @@ mod layer_builder;
 pub mod load;
 mod model;
 pub mod store;
+mod stream;
 mod tensor_names;
 pub mod weights;
 

@@ -367,8 +367,23 @@ impl TensorSource for StagedSource {
     }
 }
 
-/// Streaming state of a model loaded under a budget.
+/// Streaming state of a model loaded under a budget: the shared part ([`StoreCore`]: what is
+/// streamed and how) and the persistent read-ahead stream of its passes
+/// ([`crate::stream`]). Derefs to its core.
 pub struct WeightStore {
+    pub(crate) core: std::sync::Arc<StoreCore>,
+    pub(crate) ahead: std::sync::Mutex<Option<crate::stream::Ahead>>,
+}
+
+impl std::ops::Deref for WeightStore {
+    type Target = StoreCore;
+    fn deref(&self) -> &StoreCore {
+        &self.core
+    }
+}
+
+/// What a weight store streams and how: the recipe, the plan, the counters.
+pub struct StoreCore {
     pub(crate) recipe: Recipe,
     /// The recipe's source, for reading a layer's tensors with one `pread`.
     pub(crate) staged: Option<std::sync::Arc<StagedSource>>,
@@ -381,7 +396,7 @@ pub struct WeightStore {
 }
 
 /// One streamed unit as read, before it is built.
-enum StagedUnit {
+pub(crate) enum StagedUnit {
     /// Layer `i`, its tensors in one staging buffer (`None`: not adjacent in the file; the
     /// build reads them one by one).
     Layer(usize, Option<SpanSource>),
@@ -404,6 +419,20 @@ pub(crate) enum Part {
 }
 
 impl WeightStore {
+    pub(crate) fn new(
+        recipe: Recipe,
+        staged: Option<std::sync::Arc<StagedSource>>,
+        plan: Plan,
+        storage_bw: Option<f64>,
+    ) -> Self {
+        Self {
+            core: std::sync::Arc::new(StoreCore::new(recipe, staged, plan, storage_bw)),
+            ahead: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl StoreCore {
     /// A second share of the buffer pool, for as long as the returned reservation lives: for a
     /// caller that streams two passes at once (AHASD's TVC pre-verifies beside the verifier),
     /// so that the second pass's units are recycled rather than freed and re-allocated.
@@ -411,7 +440,7 @@ impl WeightStore {
         llada_kernels::recycle::reserve(self.plan.staging_bytes())
     }
 
-    pub(crate) fn new(
+    fn new(
         recipe: Recipe,
         staged: Option<std::sync::Arc<StagedSource>>,
         plan: Plan,
@@ -454,7 +483,7 @@ impl WeightStore {
 
     /// Read one unit's bytes (the storage side of a unit): a layer's tensors with one `pread`
     /// into a staging buffer, or rows of the head; throttled to `--storage-bw` when set.
-    fn read(&self, c: &ModelConfig, part: Part) -> Result<StagedUnit, ModelError> {
+    pub(crate) fn read(&self, c: &ModelConfig, part: Part) -> Result<StagedUnit, ModelError> {
         let t = Instant::now();
         // Traced as `storage_read` (the reader thread's lane is `storage`): layer index (-1:
         // head rows), shape `[bytes]`; `llada sim` replays it on a flash profile (docs/sim.md).
@@ -503,7 +532,7 @@ impl WeightStore {
     }
 
     /// Build a read unit (the compute side): repack its matrices into a recycled arena.
-    fn build(&self, c: &ModelConfig, staged: StagedUnit) -> Result<Unit, ModelError> {
+    pub(crate) fn build(&self, c: &ModelConfig, staged: StagedUnit) -> Result<Unit, ModelError> {
         let t = Instant::now();
         // Traced as `weight_build` on lane `storage_build` (the repack of a read unit).
         let (layer, bytes) = match &staged {
@@ -586,18 +615,6 @@ impl WeightStore {
             }
         });
         rx
-    }
-
-    /// Receive the next unit, accounting the wait.
-    pub(crate) fn next(&self, rx: &Receiver<Result<Unit, ModelError>>) -> Result<Unit, ModelError> {
-        let t = Instant::now();
-        let r = rx
-            .recv()
-            .map_err(|_| ModelError::Other("the weight prefetch thread stopped".into()))?;
-        self.stats
-            .wait_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
     }
 }
 

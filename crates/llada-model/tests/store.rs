@@ -118,27 +118,32 @@ fn streamed_weights_give_identical_logits() {
                     "{name} at {frac}: streamed logits differ by {worst}"
                 );
             }
-            // Two passes, each reading every streamed unit once.
+            // Two passes, each reading every streamed unit once; the read-ahead stream may have
+            // read the next pass's first units too (at most three: one held by the reader, one
+            // by the builder, one in its hands).
             let read = st.stats.bytes_read.load(Ordering::Relaxed) - before;
-            assert_eq!(read, 2 * st.plan.streamed_bytes(), "{name} at {frac}");
+            let ahead = 3 * st.plan.largest_streamed();
+            assert!(
+                read >= 2 * st.plan.streamed_bytes()
+                    && read <= 2 * st.plan.streamed_bytes() + ahead,
+                "{name} at {frac}: {read} bytes read for two passes of {}",
+                st.plan.streamed_bytes()
+            );
         }
     }
     // The head was streamed in row chunks somewhere (so the chunked path is what was checked).
     assert!(chunked_heads > 0);
 }
 
-#[test]
-fn streaming_survives_a_pass_that_fails_midway() {
-    let _turn = serial();
-    // Every pass gets every streamed unit, in order; a pass that fails midway (its reader and
-    // builder already ahead of it) must not leave the next one misaligned or hanging.
+/// The Q4_1 fixture at a 1 % budget (nearly everything streamed), and the resident model's
+/// logits of [`TOKENS`].
+fn streamed_q4_1() -> (Model, Vec<f32>) {
     let path = fixture("gguf-llama-q4_1.gguf");
     let opts = LoadOptions {
         no_tokenizer: true,
         ..Default::default()
     };
-    let tokens = [5u32, 9, 17, 3, 44, 61];
-    let want = logits(&Model::load(&path, &opts).unwrap(), &tokens);
+    let want = logits(&Model::load(&path, &opts).unwrap(), &TOKENS);
     let m = Model::load(
         &path,
         &LoadOptions {
@@ -147,13 +152,24 @@ fn streaming_survives_a_pass_that_fails_midway() {
         },
     )
     .unwrap();
+    (m, want)
+}
+
+const TOKENS: [u32; 6] = [5, 9, 17, 3, 44, 61];
+
+#[test]
+fn streaming_survives_a_pass_that_fails_midway() {
+    let _turn = serial();
+    // Every pass gets every streamed unit, in order; a pass that fails midway (its reader and
+    // builder already ahead of it) must not leave the next one misaligned or hanging.
+    let (m, want) = streamed_q4_1();
     let st = m.store.as_ref().expect("nothing streamed");
     assert!(
         !st.plan.resident_layers[0],
         "layer 0 must stream for this test"
     );
     for _ in 0..3 {
-        assert_eq!(logits(&m, &tokens), want);
+        assert_eq!(logits(&m, &TOKENS), want);
     }
     // An early exit that keeps no row fails the pass after layer 0: one unit taken, the
     // rest of the pass (already being read ahead) never.
@@ -163,9 +179,27 @@ fn streaming_survives_a_pass_that_fails_midway() {
         keep: &keep,
     };
     let mut cache = m.new_cache();
-    let req = ForwardRequest::causal_append(&tokens[..3], &[0, 1, 2]);
+    let req = ForwardRequest::causal_append(&TOKENS[..3], &[0, 1, 2]);
     assert!(m.forward_with_exit(&req, &mut cache, Some(&exit)).is_err());
     for _ in 0..2 {
-        assert_eq!(logits(&m, &tokens), want);
+        assert_eq!(logits(&m, &TOKENS), want);
     }
+}
+
+#[test]
+fn concurrent_passes_each_get_their_own_units() {
+    let _turn = serial();
+    // One pass holds the store's read-ahead stream; a pass beside it (AHASD's pre-verification
+    // does this) streams through a pipeline of its own. Both must see every unit, in order.
+    let (m, want) = streamed_q4_1();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| (0..3).map(|_| logits(&m, &TOKENS)).collect::<Vec<_>>()))
+            .collect();
+        for r in runs {
+            for got in r.join().unwrap() {
+                assert_eq!(got, want);
+            }
+        }
+    });
 }

@@ -9,20 +9,20 @@
 use super::batch::Batch;
 use super::ops::rmsnorm;
 use super::ForwardOutput;
-use crate::store::{Unit, WeightStore};
+use crate::store::Unit;
+use crate::stream::PassStream;
 use crate::{Model, ModelConfig, ModelError};
 use llada_kernels::QuantizedActs;
-use std::sync::mpsc::Receiver;
 
-/// A pass's weight stream: the store and the channel its units arrive on.
-pub(super) type Stream<'s> = (&'s WeightStore, Receiver<Result<Unit, ModelError>>);
+/// A pass's weight stream.
+pub(super) type Stream<'s> = PassStream<'s>;
 
 impl Model {
     /// Logits (and features) of the batch's logit rows, per sequence.
     pub(super) fn head(
         &self,
         b: &Batch,
-        stream: Option<&Stream>,
+        stream: Option<&mut Stream>,
     ) -> Result<Vec<ForwardOutput>, ModelError> {
         let c = &self.config;
         let w = &self.weights;
@@ -37,7 +37,7 @@ impl Model {
         let mut logits = match (&w.lm_head, stream) {
             (Some(head), _) if m > 0 => head.forward(&h, &mut hq, m, -1, "lm_head")?,
             (Some(_), _) => vec![],
-            (None, Some((st, rx))) => streamed_head(st, rx, &h, &mut hq, m, c)?,
+            (None, Some(s)) => streamed_head(s, &h, &mut hq, m, c)?,
             (None, None) => return Err(ModelError::Other("the LM head is not loaded".into())),
         };
         if m > 0 {
@@ -52,8 +52,7 @@ impl Model {
 /// A streamed head arrives in row chunks, each multiplied as it lands (the read of chunk
 /// j + 1 overlaps it): `m × rows` logits of the normed rows `h`.
 fn streamed_head(
-    st: &WeightStore,
-    rx: &Receiver<Result<Unit, ModelError>>,
+    st: &mut PassStream,
     h: &[f32],
     hq: &mut Option<QuantizedActs>,
     m: usize,
@@ -63,7 +62,7 @@ fn streamed_head(
     let mut out = vec![0f32; m * rows];
     let mut done = 0;
     while done < rows {
-        match st.next(rx)? {
+        match st.next()? {
             Unit::HeadRows(r0, part) => {
                 let n = part.rows();
                 if m > 0 {
