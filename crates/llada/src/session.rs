@@ -336,22 +336,42 @@ impl<'e> Session<'e> {
                     ..Default::default()
                 }
             }
-            None => llada_decode::speculative::generate(
-                target,
-                e.lane(),
-                Some(sparse),
-                d.as_mut(),
-                &ids,
-                &SpecConfig {
-                    max_tokens: opts.max_tokens,
-                    sampling: opts.sampling,
-                    shape: s.shape.clone(),
-                    stop_ids: stop_ids.clone(),
-                    exit: s.early_exit.clone(),
-                    probe_log: None,
-                    fixed_cost: None,
-                },
-            )?,
+            None => {
+                // Stop strings end the run at the step that completes one (the text is cut
+                // where an autoregressive run would have stopped, below).
+                let tok = e.tokenizer()?;
+                let mut stream = llada_decode::ar::TextStream::new();
+                let mut shown = String::new();
+                let longest = opts.stop.iter().map(String::len).max().unwrap_or(0);
+                let mut on_step = |new: &[u32]| {
+                    if opts.stop.is_empty() {
+                        return true;
+                    }
+                    let before = shown.len();
+                    for &t in new {
+                        shown.push_str(&stream.push(tok, t));
+                    }
+                    let from = char_floor(&shown, before.saturating_sub(longest));
+                    !opts.stop.iter().any(|s| shown[from..].contains(s.as_str()))
+                };
+                llada_decode::speculative::generate_with(
+                    target,
+                    e.lane(),
+                    Some(sparse),
+                    d.as_mut(),
+                    &ids,
+                    &SpecConfig {
+                        max_tokens: opts.max_tokens,
+                        sampling: opts.sampling,
+                        shape: s.shape.clone(),
+                        stop_ids: stop_ids.clone(),
+                        exit: s.early_exit.clone(),
+                        probe_log: None,
+                        fixed_cost: None,
+                    },
+                    &mut on_step,
+                )?
+            }
         };
         // Stop ids are emitted by the decoders and end the run: keep them out of the text.
         let tokens = out.tokens.clone();
@@ -391,7 +411,7 @@ impl<'e> Session<'e> {
                 let cut = stop_strings
                     .iter()
                     .filter_map(|s| {
-                        let from = before.saturating_sub(s.len());
+                        let from = char_floor(&shown, before.saturating_sub(s.len()));
                         shown[from..].find(s.as_str()).map(|j| j + from)
                     })
                     .min();
@@ -446,5 +466,27 @@ impl<'e> Session<'e> {
             Stats::Diffusion(out),
             on_event,
         )
+    }
+}
+
+/// The largest char boundary of `s` at or below byte `i` (a search window may not start inside
+/// a multi-byte character).
+fn char_floor(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn search_windows_start_on_char_boundaries() {
+        let s = "x = \"é\"";
+        // Byte 6 is inside 'é' (bytes 5–6): the window starts at 5.
+        assert_eq!(super::char_floor(s, 6), 5);
+        assert_eq!(super::char_floor(s, 5), 5);
+        assert_eq!(super::char_floor(s, 0), 0);
+        assert!(s[super::char_floor(s, 6)..].contains('é'));
     }
 }

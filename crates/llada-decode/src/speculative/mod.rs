@@ -96,6 +96,20 @@ pub fn generate(
     prompt: &[u32],
     cfg: &SpecConfig,
 ) -> Result<SpecOutput, ModelError> {
+    generate_with(target, dense, sparse, drafter, prompt, cfg, &mut |_| true)
+}
+
+/// [`generate`], showing every step's emitted tokens to `on_step`, which returns `false` to
+/// end the generation there (a stop string completed, a client gone).
+pub fn generate_with(
+    target: &Model,
+    dense: &Lane,
+    sparse: Option<&Lane>,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    on_step: &mut dyn FnMut(&[u32]) -> bool,
+) -> Result<SpecOutput, ModelError> {
     cfg.sampling.validate()?;
     if prompt.is_empty() {
         return Err(ModelError::BadRequest("the prompt is empty".into()));
@@ -335,6 +349,7 @@ pub fn generate(
             .collect();
         let mut stop = false;
         let emitted_n = emitted.len();
+        let from = out.tokens.len();
         for t in emitted {
             if out.tokens.len() >= budget {
                 stop = true;
@@ -349,6 +364,7 @@ pub fn generate(
         }
         // The cache must hold exactly ctx[..len − 1].
         cache.truncate(ctx.len() - 1);
+        stop |= !on_step(&out.tokens[from..]);
         if adaptive {
             let secs = td.elapsed().as_secs_f64();
             gate.record(drafted, emitted_n, secs, cost.pass(1));
