@@ -194,6 +194,9 @@ pub struct ArSequence {
     pub tokens: Vec<u32>,
     /// Their text so far.
     pub text: String,
+    /// Bytes of `text` already handed out as final: the rest could still begin a stop string,
+    /// and is held back until the next token decides (or the sequence ends).
+    shown: usize,
 }
 
 /// What one [`ArSequence::advance`] decided.
@@ -239,6 +242,7 @@ impl ArSequence {
             ctx,
             tokens: vec![],
             text: String::new(),
+            shown: 0,
         })
     }
 
@@ -259,8 +263,7 @@ impl ArSequence {
         self.history.push(next);
         step.token = Some(next);
         if self.stop_ids.contains(&next) {
-            step.stop = Some(StopReason::Eos);
-            return step;
+            return self.end(step, StopReason::Eos);
         }
         self.tokens.push(next);
         if let Some(cut) = tok.and_then(|t| self.push_text(t, next, &mut step.text)) {
@@ -269,15 +272,21 @@ impl ArSequence {
             return step;
         }
         if self.tokens.len() >= self.max_tokens {
-            step.stop = Some(StopReason::MaxTokens);
-            return step;
+            return self.end(step, StopReason::MaxTokens);
         }
         let pos = (self.prompt_len + self.tokens.len() - 1) as u32;
         if pos as usize >= self.ctx {
-            step.stop = Some(StopReason::Context);
-            return step;
+            return self.end(step, StopReason::Context);
         }
         step.feed = Some((next, pos));
+        step
+    }
+
+    /// End the sequence for `why` (not a stop string): the held-back text is final now.
+    fn end(&mut self, mut step: ArStep, why: StopReason) -> ArStep {
+        step.text.push_str(&self.text[self.shown..]);
+        self.shown = self.text.len();
+        step.stop = Some(why);
         step
     }
 
@@ -295,12 +304,69 @@ impl ArSequence {
             .stop_strings
             .iter()
             .filter_map(|s| {
-                let from = before.saturating_sub(s.len());
+                let from = char_floor(text, before.saturating_sub(s.len()));
                 text[from..].find(s.as_str()).map(|i| i + from)
             })
             .min();
-        let visible = cut.map_or(piece.len(), |c| c.saturating_sub(before).min(piece.len()));
-        piece_out.push_str(&piece[..visible]);
+        // Final: up to the cut, else all but an ending that may still grow into a stop string.
+        let upto = cut.unwrap_or_else(|| text.len() - held(text, &self.stop_strings));
+        if upto > self.shown {
+            piece_out.push_str(&text[self.shown..upto]);
+            self.shown = upto;
+        }
         cut
+    }
+}
+
+/// Bytes at the end of `text` that are a proper prefix of one of `stops` (the longest such
+/// ending, on a char boundary): text that a later token could turn into a stop string.
+fn held(text: &str, stops: &[String]) -> usize {
+    stops
+        .iter()
+        .map(|s| {
+            (1..s.len().min(text.len() + 1))
+                .rev()
+                .find(|&k| s.is_char_boundary(k) && text.ends_with(&s[..k]))
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The largest char boundary of `s` at or below byte `i` (a stop-string search window must
+/// not start inside a multi-byte character).
+pub fn char_floor(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{char_floor, held};
+
+    #[test]
+    fn search_windows_start_on_char_boundaries() {
+        let s = "x = \"é\"";
+        // Byte 6 is inside 'é' (bytes 5–6): the window starts at 5.
+        assert_eq!(char_floor(s, 6), 5);
+        assert_eq!(char_floor(s, 5), 5);
+        assert_eq!(char_floor(s, 0), 0);
+    }
+
+    #[test]
+    fn text_that_may_begin_a_stop_string_is_held() {
+        let stops = ["\n#".to_string(), "\nclass".to_string()];
+        // "\n" may begin both: held; "\ncl" may begin "\nclass".
+        assert_eq!(held("return x\n", &stops), 1);
+        assert_eq!(held("return x\ncl", &stops), 3);
+        assert_eq!(held("return x", &stops), 0);
+        // A whole stop string is a cut, not a prefix to hold.
+        assert_eq!(held("x\n#", &stops), 0);
+        // Multi-byte: only whole characters of the stop string count.
+        assert_eq!(held("a é", &["é!".to_string()]), 2);
+        assert_eq!(held("", &stops), 0);
+        assert_eq!(held("abc", &[]), 0);
     }
 }

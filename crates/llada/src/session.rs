@@ -351,7 +351,7 @@ impl<'e> Session<'e> {
                     for &t in new {
                         shown.push_str(&stream.push(tok, t));
                     }
-                    let from = char_floor(&shown, before.saturating_sub(longest));
+                    let from = llada_decode::ar::char_floor(&shown, before.saturating_sub(longest));
                     !opts.stop.iter().any(|s| shown[from..].contains(s.as_str()))
                 };
                 llada_decode::speculative::generate_with(
@@ -411,7 +411,8 @@ impl<'e> Session<'e> {
                 let cut = stop_strings
                     .iter()
                     .filter_map(|s| {
-                        let from = char_floor(&shown, before.saturating_sub(s.len()));
+                        let from =
+                            llada_decode::ar::char_floor(&shown, before.saturating_sub(s.len()));
                         shown[from..].find(s.as_str()).map(|j| j + from)
                     })
                     .min();
@@ -466,27 +467,5 @@ impl<'e> Session<'e> {
             Stats::Diffusion(out),
             on_event,
         )
-    }
-}
-
-/// The largest char boundary of `s` at or below byte `i` (a search window may not start inside
-/// a multi-byte character).
-fn char_floor(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn search_windows_start_on_char_boundaries() {
-        let s = "x = \"é\"";
-        // Byte 6 is inside 'é' (bytes 5–6): the window starts at 5.
-        assert_eq!(super::char_floor(s, 6), 5);
-        assert_eq!(super::char_floor(s, 5), 5);
-        assert_eq!(super::char_floor(s, 0), 0);
-        assert!(s[super::char_floor(s, 6)..].contains('é'));
     }
 }
