@@ -1010,6 +1010,8 @@ fn bench_diffusion_reports_its_fields() {
         model.to_str().unwrap(),
         "--examples",
         "1",
+        "--eval-per-task",
+        "1",
         "--strategies",
         "vanilla,prefix,full",
         "--sweep",
@@ -1052,8 +1054,32 @@ fn bench_diffusion_reports_its_fields() {
     assert_eq!(j["repeats"], 2);
     assert!(j["speedup_vs_prefix_cache"].as_f64().unwrap() > 0.0);
     assert!(j["speedup_vs_vanilla"].as_f64().unwrap() > 0.0);
+    let by_model = j["full_speedups_by_model"].as_array().unwrap();
+    assert_eq!(by_model.len(), 1);
+    assert_eq!(by_model[0]["vs_vanilla"], j["speedup_vs_vanilla"]);
     assert!(!j["accuracy_delta_pts"].is_null());
     assert!(!j["char_accuracy_delta_pts"].is_null());
+    assert!(!j["long_answer_accuracy_delta_pts"].is_null());
+    // Every strategy on the eval split in both layouts: one example per task in `auto` (5),
+    // ⌈5 / 4⌉ of each task that fits 64 tokens (8); the delta is the worst of the two.
+    let acc = j["split_accuracy"].as_array().unwrap();
+    assert_eq!(acc.len(), 6);
+    let of = |s: &str, r: &str| {
+        acc.iter()
+            .find(|a| a["strategy"] == s && a["region"] == r)
+            .unwrap_or_else(|| panic!("{s} {r} missing"))
+    };
+    for s in ["vanilla", "prefix", "full"] {
+        assert_eq!(of(s, "auto")["examples"], 5);
+        assert_eq!(of(s, "64")["examples"], 8);
+    }
+    let pts = |r: &str| {
+        100.0
+            * (of("full", r)["accuracy"].as_f64().unwrap()
+                - of("vanilla", r)["accuracy"].as_f64().unwrap())
+    };
+    let worst = pts("auto").min(pts("64"));
+    assert!((j["accuracy_delta_pts"].as_f64().unwrap() - worst).abs() < 1e-9);
     for f in ["report.md", "runs.csv", "sweep.csv", "sweep.svg"] {
         assert!(out_dir.join(f).exists(), "{f} not written");
     }
@@ -1135,6 +1161,29 @@ fn eval_reports_multi_items_by_subtask() {
     ]);
     assert_eq!(j["answer_region"], "64", "{j}");
     assert!(j["tasks"]["rev"].as_f64().is_some(), "{j}");
+    assert_eq!(j["split"], "eval", "{j}");
+    // The tuning split decodes as many examples, with the decoder's speed reported.
+    let j = run_json(&[
+        "eval",
+        "-m",
+        model.to_str().unwrap(),
+        "--tasks",
+        "rev,add",
+        "--per-task",
+        "2",
+        "--split",
+        "tuning",
+        "--strategy",
+        "full",
+        "--json",
+    ]);
+    assert_eq!(
+        (j["split"].as_str(), j["examples"].as_u64()),
+        (Some("tuning"), Some(4))
+    );
+    assert_eq!(j["positions"], 4 * 32, "{j}");
+    assert!(j["tokens_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(j["forwards"].as_u64().unwrap() >= 4, "{j}");
 }
 
 /// `llada sim` replays a trace the engine just wrote: predicted beside measured time, a Chrome

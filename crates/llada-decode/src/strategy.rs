@@ -6,9 +6,9 @@
 //! | `vanilla` | none (every step recomputes everything: the reference) | schedule | — | — |
 //! | `prefix` | prompt + finished blocks | schedule | — | — |
 //! | `dual` | prefix + masked suffix | schedule | — | — |
-//! | `multi-block` | dual | threshold (default 0.9) | sliding + lookahead | — |
-//! | `revision` | dual | threshold (default 0.9) | — | progressive, sparse lane |
-//! | `full` | dual | threshold (default 0.9) | sliding + lookahead | progressive |
+//! | `multi-block` | dual | threshold (default 0.95) | sliding + lookahead | — |
+//! | `revision` | dual | threshold (default 0.95) | — | progressive, sparse lane |
+//! | `full` | dual | threshold (default 0.95) | sliding + lookahead | progressive |
 //!
 //! An explicit threshold applies to any strategy.
 
@@ -91,7 +91,8 @@ pub struct StrategyOptions {
     /// Gumbel-noise temperature (0 = greedy commits).
     pub temperature: f32,
     pub seed: u64,
-    /// Commit threshold (`None`: 0.9 for the thresholded strategies, off otherwise).
+    /// Commit threshold (`None`: [`DEFAULT_THRESHOLD`] for the thresholded strategies, off
+    /// otherwise).
     pub threshold: Option<f32>,
     pub window: usize,
     pub lookahead: usize,
@@ -107,8 +108,15 @@ pub struct StrategyOptions {
     pub alg_temp: f32,
 }
 
-/// The default threshold of the thresholded strategies (Fast-dLLM's).
-pub const DEFAULT_THRESHOLD: f32 = 0.9;
+/// The default threshold of the thresholded strategies: chosen with [`DEFAULT_WINDOW`] on the
+/// task models' tuning split (`llada bench diffusion-frontier`; Fast-dLLM's 0.9 committed
+/// dependent running-sum digits in parallel: docs/diffusion.md, "Defaults").
+pub const DEFAULT_THRESHOLD: f32 = 0.95;
+
+/// The default multi-block window: one that holds the whole current block (32) and a block of
+/// lookahead, so no masked row of the block is read from a stale cache row (with 8, sorts
+/// lost 4–6 points on the tuning split; docs/diffusion.md, "Defaults").
+pub const DEFAULT_WINDOW: usize = 64;
 
 impl Default for StrategyOptions {
     fn default() -> Self {
@@ -123,7 +131,7 @@ impl Default for StrategyOptions {
             temperature: 0.0,
             seed: 0,
             threshold: None,
-            window: 8,
+            window: DEFAULT_WINDOW,
             lookahead: 8,
             revise_threshold: r.revise_threshold,
             stable_threshold: r.stable_threshold,
@@ -192,7 +200,7 @@ impl StrategyOptions {
     }
 
     /// A short name for reports: the strategy and what was added to it
-    /// (`full+threshold0.9+refresh-every2`).
+    /// (`full+threshold0.95+refresh-every2`).
     pub fn name(&self) -> String {
         let mut name = match self.threshold() {
             Some(t) => format!("{}+threshold{t}", self.strategy.name()),
@@ -284,7 +292,10 @@ mod tests {
         assert_eq!((v.cache, v.threshold), (CacheMode::None, None));
         assert!(v.multi_block.is_none() && v.revision.is_none());
         let f = opts(Strategy::Full).config().unwrap();
-        assert_eq!((f.cache, f.threshold), (CacheMode::Dual, Some(0.9)));
+        assert_eq!(
+            (f.cache, f.threshold),
+            (CacheMode::Dual, Some(DEFAULT_THRESHOLD))
+        );
         assert!(f.multi_block.is_some() && f.revision.is_some());
         let r = opts(Strategy::Revision).config().unwrap();
         assert!(r.multi_block.is_none() && r.revision.is_some());
@@ -292,7 +303,7 @@ mod tests {
             opts(Strategy::Prefix).config().unwrap().cache,
             CacheMode::Prefix
         );
-        assert_eq!(opts(Strategy::Full).name(), "full+threshold0.9");
+        assert_eq!(opts(Strategy::Full).name(), "full+threshold0.95");
         let d = StrategyOptions {
             strategy: Strategy::Dual,
             threshold: Some(0.8),

@@ -62,6 +62,18 @@ pub const MULTI_QUESTIONS: usize = 5;
 /// question, `add:` and two operands.
 pub const MULTI_SLOT: usize = 4 + 2 * ADD_WIDTH + 1;
 
+/// The longest answer `task` can have (characters): what an answer region must hold, plus an
+/// EOS, for every example of the task to fit.
+pub fn longest_answer(task: &str) -> usize {
+    match task {
+        "add" => ADD_WIDTH + 1,
+        "sort" => 2 * SORT_MAX - 1,
+        "rev" => 16,
+        "cumsum" => CUM_WIDTH,
+        _ => MULTI_QUESTIONS * (MULTI_SLOT + 3) - 1,
+    }
+}
+
 fn digits(rng: &mut StdRng, n: usize) -> String {
     let mut s: String = (0..n)
         .map(|_| char::from(b'0' + rng.random_range(0..10u8)))
@@ -328,6 +340,27 @@ pub fn held_out_tasks(
         .filter(|(t, _)| tasks.contains(t))
         .flat_map(|(_, v)| v.into_iter().take(n))
         .collect())
+}
+
+/// Seed of the tuning split ([`tuning_tasks`]).
+pub const TUNING_SEED: u64 = 0x7_0e1d;
+
+/// The tuning split: `n` examples of each of `tasks` (at length scale `scale`) from the
+/// training side of the split (prompts whose hash is outside the held-out bucket, from a
+/// generator of its own seed), for choosing decoder settings without looking at the held-out
+/// examples the reported figures come from: no tuning prompt is a held-out prompt. The models
+/// may have trained on some of them (a training stream draws from the same side), so tuned
+/// figures can read a little high; only their differences choose the settings.
+pub fn tuning_tasks(n: usize, tasks: &[&'static str], scale: f64) -> anyhow::Result<Vec<Example>> {
+    let mut g = TaskGen::new(TUNING_SEED, false);
+    g.scale = scale;
+    let mut v = vec![];
+    for &t in tasks {
+        for _ in 0..n {
+            v.push(g.try_next(Some(t))?);
+        }
+    }
+    Ok(v)
 }
 
 /// Character-level score of an answer: `(matches, total)`, where `matches` counts the positions
@@ -613,6 +646,47 @@ mod tests {
             held_out_tasks(HELD_OUT_ORDER, &TASKS, 1.0).unwrap(),
             held_out_split(HELD_OUT_ORDER)
         );
+    }
+
+    /// `longest_answer` bounds every drawn answer and is reached.
+    #[test]
+    fn longest_answer_bounds_the_answers() {
+        let v = held_out_tasks(2 * HELD_OUT_ORDER, &TASKS, 1.0).unwrap();
+        for t in TASKS {
+            let most = v
+                .iter()
+                .filter(|e| e.task == t)
+                .map(|e| e.answer.len())
+                .max();
+            assert!(most.unwrap() <= longest_answer(t), "{t}");
+        }
+        // Fixed widths are always reached; five-question answers are always 139 characters.
+        assert_eq!(longest_answer("multi"), 139);
+        assert!(v
+            .iter()
+            .filter(|e| e.task == "multi")
+            .all(|e| e.answer.len() == 139));
+        assert!(v
+            .iter()
+            .any(|e| e.task == "sort" && e.answer.len() == longest_answer("sort")));
+    }
+
+    /// The tuning split never holds a held-out prompt, so settings chosen on it are chosen
+    /// without the examples the reported figures come from.
+    #[test]
+    fn tuning_split_is_disjoint_from_the_held_out_split() {
+        let tune = tuning_tasks(60, &TASKS, 1.0).unwrap();
+        assert_eq!(tune.len(), 60 * TASKS.len());
+        let eval = held_out_tasks(2 * HELD_OUT_ORDER, &TASKS, 1.0).unwrap();
+        let eval: std::collections::HashSet<&str> =
+            eval.iter().map(|e| e.prompt.as_str()).collect();
+        for e in &tune {
+            assert!(!is_held_out(&e.prompt), "{}", e.prompt);
+            assert!(!eval.contains(e.prompt.as_str()), "{}", e.prompt);
+        }
+        for t in TASKS {
+            assert_eq!(tune.iter().filter(|e| e.task == t).count(), 60, "{t}");
+        }
     }
 
     /// At a length scale that leaves a task no held-out prompt (`--max-scale 0.05`: ten

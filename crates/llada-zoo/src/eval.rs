@@ -10,7 +10,7 @@ use crate::progress::Progress;
 use llada_decode::strategy::{DiffusionLanes, StrategyOptions};
 use llada_model::Model;
 use llada_runtime::Lane;
-use llada_train::tasks::{held_out_tasks, item_outcomes, Score, TASKS};
+use llada_train::tasks::{held_out_tasks, item_outcomes, tuning_tasks, Example, Score, TASKS};
 use llada_train::vocab::{CharVocab, BOS};
 use std::collections::BTreeMap;
 
@@ -49,10 +49,52 @@ pub fn parse_answer_region(s: &str) -> Result<AnswerRegion, String> {
     }
 }
 
+/// Which examples a task evaluation decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Split {
+    /// The held-out split the reported figures come from ([`held_out_tasks`]).
+    #[default]
+    Eval,
+    /// The tuning split for choosing decoder settings ([`tuning_tasks`]): training-side
+    /// prompts, none of them held out.
+    Tuning,
+}
+
+impl Split {
+    /// The split's `per_task` examples of each of `tasks` at length scale `scale`.
+    pub fn examples(
+        self,
+        per_task: usize,
+        tasks: &[&'static str],
+        scale: f64,
+    ) -> anyhow::Result<Vec<Example>> {
+        match self {
+            Self::Eval => held_out_tasks(per_task, tasks, scale),
+            Self::Tuning => tuning_tasks(per_task, tasks, scale),
+        }
+    }
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Eval => "eval",
+            Self::Tuning => "tuning",
+        }
+    }
+}
+
+pub fn parse_split(s: &str) -> Result<Split, String> {
+    match s {
+        "eval" => Ok(Split::Eval),
+        "tuning" => Ok(Split::Tuning),
+        _ => Err(format!("expected `eval` or `tuning`, got '{s}'")),
+    }
+}
+
 /// A task evaluation's request: the held-out split (`per_task` examples of each task, lengths
 /// scaled by `max_scale`), the tasks scored (`tasks`; empty: all), how each example decodes.
 #[derive(Clone, Debug)]
 pub struct TaskEvalRequest {
+    pub split: Split,
     pub per_task: usize,
     pub tasks: Vec<String>,
     pub max_scale: f64,
@@ -73,8 +115,20 @@ pub struct TaskEval {
     pub scores: BTreeMap<&'static str, Score>,
     /// Multi-question items by sub-task: (exact, total).
     pub multi_items: BTreeMap<&'static str, (usize, usize)>,
-    /// Held-out examples decoded.
+    /// Examples decoded.
     pub examples: usize,
+    /// Answer positions decoded (the regions' lengths), the seconds the decoder took over
+    /// them, and its dense forward passes.
+    pub positions: usize,
+    pub decode_s: f64,
+    pub forwards: usize,
+}
+
+impl TaskEval {
+    /// Answer positions per second of decoding (the benchmark's tokens per second).
+    pub fn tokens_per_s(&self) -> f64 {
+        self.positions as f64 / self.decode_s.max(1e-12)
+    }
 }
 
 /// The request's diffusion decoder configuration for an answer region of `gen` tokens.
@@ -104,45 +158,85 @@ pub fn eval_tasks(model: &Model, a: &TaskEvalRequest, progress: &dyn Progress) -
     } else {
         known_names(&a.tasks, &TASKS, "task")?
     };
-    let split = held_out_tasks(a.per_task, &tasks, a.max_scale).with_context(|| {
-        format!(
-            "--max-scale {} is too small for the held-out split (drawn for every task, \
+    let split = a
+        .split
+        .examples(a.per_task, &tasks, a.max_scale)
+        .with_context(|| {
+            format!(
+                "--max-scale {} is too small for the {} split (drawn for every task, \
                  whatever --tasks lists)",
-            a.max_scale
-        )
-    })?;
+                a.max_scale,
+                a.split.name()
+            )
+        })?;
     if let AnswerRegion::Fixed(n) = a.answer_region {
         if let Some(ex) = split.iter().max_by_key(|ex| ex.answer.len()) {
             let need = ex.answer.len() + 1;
             if need > a.answer_region.length(need, block) {
                 bail!(
-                    "--answer-region {n} cannot hold the longest held-out answer ({} tokens of \
+                    "--answer-region {n} cannot hold the longest {} answer ({} tokens of \
                      task {} plus one EOS): use at least {need}, or fewer --tasks",
+                    if a.split == Split::Eval {
+                        "held-out"
+                    } else {
+                        "tuning"
+                    },
                     ex.answer.len(),
                     ex.task
                 );
             }
         }
     }
-    progress.set_len(split.len() as u64);
+    let cfg_for = |gen: usize| strategy_config(&a.strategy, gen);
+    let layout = Layout {
+        region: a.answer_region,
+        block,
+    };
+    decode_examples(model, &lanes, &split, layout, &cfg_for, a.show, progress)
+}
+
+/// How a task example is laid out: its answer region and the block length it rounds to.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub region: AnswerRegion,
+    pub block: usize,
+}
+
+/// Decode `examples` on `lanes`, each into its region of `layout` with the decoder
+/// configuration `cfg_for(region length)`, and score the answers (exact match, characters in
+/// place, multi-question items); the first `show` wrong answers go to `progress` as notes.
+pub fn decode_examples(
+    model: &Model,
+    lanes: &DiffusionLanes,
+    examples: &[Example],
+    layout: Layout,
+    cfg_for: &dyn Fn(usize) -> Result<llada_decode::diffusion::DiffusionConfig>,
+    show: usize,
+    progress: &dyn Progress,
+) -> Result<TaskEval> {
+    progress.set_len(examples.len() as u64);
     let mut r = TaskEval {
-        examples: split.len(),
+        examples: examples.len(),
         ..Default::default()
     };
     let mut shown = 0;
-    for ex in &split {
+    for ex in examples {
         let mut prompt = vec![BOS];
         prompt.extend(CharVocab::encode(&ex.prompt));
-        let gen = a.answer_region.length(ex.answer.len(), block);
-        let cfg = strategy_config(&a.strategy, gen)?;
+        let gen = layout.region.length(ex.answer.len(), layout.block);
+        let cfg = cfg_for(gen)?;
+        let clock = std::time::Instant::now();
         let out = lanes.generate(model, &prompt, &cfg, None)?;
+        r.decode_s += clock.elapsed().as_secs_f64();
+        r.positions += gen;
+        r.forwards += out.forward_passes;
         let got = CharVocab::decode(&out.tokens);
         let exact = r.scores.entry(ex.task).or_default().add(&ex.answer, &got);
         for (kind, ok) in item_outcomes(&ex.prompt, &ex.answer, &got) {
             let t = r.multi_items.entry(kind).or_insert((0, 0));
             *t = (t.0 + usize::from(ok), t.1 + 1);
         }
-        if !exact && shown < a.show {
+        if !exact && shown < show {
             shown += 1;
             progress.note(&format!(
                 "{} → {got:?} (expected {:?})",

@@ -8,6 +8,7 @@ use crate::LoadContext;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llada_decode::diffusion::Revision;
+use llada_decode::strategy::{StrategyOptions, DEFAULT_THRESHOLD};
 use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_zoo::bench::diffusion::{
@@ -15,6 +16,10 @@ use llada_zoo::bench::diffusion::{
     SweepPoint, STRATEGIES,
 };
 use llada_zoo::bench::peer::{self, peer_ratios};
+use llada_zoo::bench::split_accuracy::{
+    layout_examples, split_accuracy, worst_delta, SplitAccuracy,
+};
+use llada_zoo::eval::{parse_answer_region, AnswerRegion, Layout};
 use llada_zoo::Progress;
 use std::path::{Path, PathBuf};
 
@@ -27,6 +32,17 @@ pub struct DiffusionBenchArgs {
         default_value = "models/tiny-llada-tasks,models/tiny-dream-tasks,models/tiny-llada-prose"
     )]
     models: Vec<PathBuf>,
+    /// Accuracy as users meet it: every strategy's exact match on the whole held-out eval
+    /// split of each task model, this many examples per task (50: the split, 250 examples), in
+    /// every layout of --answer-regions; 0 skips it. `accuracy_delta_pts` is full minus
+    /// vanilla there, the worst over models and layouts.
+    #[arg(long, default_value_t = 50)]
+    eval_per_task: usize,
+    /// Answer layouts of the eval-split accuracy: `auto` (the answer plus one EOS, rounded up to
+    /// whole blocks) and fixed regions N (a user's `--gen-length N`; only the tasks whose
+    /// longest answer fits, with more examples each so that the count is at least `auto`'s).
+    #[arg(long, value_delimiter = ',', default_value = "auto,64", value_parser = parse_answer_region)]
+    answer_regions: Vec<AnswerRegion>,
     /// Held-out long-answer examples per task model (answers of ≥ --min-answer characters from
     /// sort and multi).
     #[arg(long, default_value_t = 12)]
@@ -48,15 +64,15 @@ pub struct DiffusionBenchArgs {
     #[arg(long, default_value_t = 32)]
     block_length: usize,
     /// Confidence threshold of the parallel strategies.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = DEFAULT_THRESHOLD)]
     threshold: f32,
-    /// Multi-block execution window (a static shape; 8 is the fastest on a CPU, see
+    /// Multi-block execution window (a static shape; the default is `llada generate`'s,
     /// docs/diffusion.md).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = StrategyOptions::default().window)]
     window: usize,
     /// Multi-block: look ahead into future blocks when the current block has fewer masked
     /// tokens than this (as `generate --lookahead`).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = StrategyOptions::default().lookahead)]
     lookahead: usize,
     /// Revision: a commit at this confidence or more becomes stable without a probe (`off`:
     /// every commit is probed).
@@ -216,6 +232,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         .with_context(|| format!("creating {}", a.out_dir.display()))?;
     let mut runs: Vec<Run> = vec![];
     let mut sweep: Vec<SweepPoint> = vec![];
+    let mut split_acc: Vec<SplitAccuracy> = vec![];
     let mut total = 0;
     eprintln!(
         "benchmarking {} diffusion strategies on {} model(s){}",
@@ -258,6 +275,25 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
             &mname,
             &pb,
         )?);
+        if a.eval_per_task > 0 && prompts.iter().all(|(_, want)| want.is_some()) {
+            for &region in &a.answer_regions {
+                let examples = layout_examples(region, a.block_length, a.eval_per_task)?;
+                let layout = Layout {
+                    region,
+                    block: a.block_length,
+                };
+                for name in &names {
+                    pb.status(&format!(
+                        "{mname}: eval split, region {}, {name}",
+                        region.label(a.block_length)
+                    ));
+                    let cfg_for = |gen: usize| strategy(name, &settings, gen);
+                    split_acc.push(split_accuracy(
+                        &model, &mname, name, &cfg_for, &examples, layout, threads, &pb,
+                    )?);
+                }
+            }
+        }
         if !a.no_sweep {
             pb.status(&format!("{mname}: window sweep"));
             sweep.extend(sweep_model(
@@ -346,14 +382,34 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         },
         _ => None,
     };
-    let delta = delta_of(|r| r.accuracy);
-    let char_delta = delta_of(|r| r.char_accuracy);
+    // The same ratios on every model that ran full and the baselines.
+    let mut models_seen: Vec<&str> = runs.iter().map(|r| r.model.as_str()).collect();
+    models_seen.dedup();
+    let per_model: Vec<serde_json::Value> = models_seen
+        .iter()
+        .map(|m| {
+            let of = |s: &str| runs.iter().find(|r| r.model == *m && r.strategy == s);
+            let vs = |base: &str| match (of(base), of("full")) {
+                (Some(b), Some(f)) => paired_speedup(b, f),
+                _ => None,
+            };
+            serde_json::json!({"model": m, "vs_prefix_cache": vs("prefix"), "vs_vanilla": vs("vanilla")})
+        })
+        .collect();
+    let long_delta = delta_of(|r| r.accuracy);
+    let long_char_delta = delta_of(|r| r.char_accuracy);
+    let delta = worst_delta(&split_acc, "full", "vanilla", |s| s.accuracy);
+    let char_delta = worst_delta(&split_acc, "full", "vanilla", |s| s.char_accuracy);
     let report = serde_json::json!({
         "runs": runs,
         "speedup_vs_prefix_cache": ratio("prefix"),
         "speedup_vs_vanilla": ratio("vanilla"),
+        "full_speedups_by_model": per_model,
         "accuracy_delta_pts": delta,
         "char_accuracy_delta_pts": char_delta,
+        "split_accuracy": split_acc,
+        "long_answer_accuracy_delta_pts": long_delta,
+        "long_answer_char_accuracy_delta_pts": long_char_delta,
         "summary_model": primary,
         "window_sweep": sweep,
         "window_vs_peer": peer_ratios(&sweep)
@@ -371,6 +427,7 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
             "window": a.window,
             "lookahead": a.lookahead,
             "max_probes": a.max_probes,
+            "eval_per_task": a.eval_per_task,
         },
     });
 
@@ -419,15 +476,36 @@ pub fn run(a: DiffusionBenchArgs) -> Result<()> {
         ));
     }
     let fmt_ratio = |v: Option<f64>| v.map_or("–".into(), |x| format!("{x:.2}x"));
+    let pts = |d: Option<f64>| d.map_or("–".into(), |d| format!("{d:+.1}"));
     md.push_str(&format!(
-        "\nfull strategy on {}: {} faster than prefix cache, {} faster than vanilla (medians of {} interleaved passes' ratios), accuracy {} pts vs vanilla (chars in place {} pts)\n",
+        "\nfull strategy on {}: {} faster than prefix cache, {} faster than vanilla (medians of {} interleaved passes' ratios); on the long answers above, accuracy {} pts vs vanilla (chars in place {} pts)\n",
         primary.as_deref().unwrap_or("–"),
         fmt_ratio(ratio("prefix")),
         fmt_ratio(ratio("vanilla")),
         a.repeats,
-        delta.map_or("–".into(), |d| format!("{d:+.1}")),
-        char_delta.map_or("–".into(), |d| format!("{d:+.1}"))
+        pts(long_delta),
+        pts(long_char_delta)
     ));
+    if !split_acc.is_empty() {
+        md.push_str("\n| model | region | strategy | eval examples | exact | chars in place | tok/s (one pass) |\n|---|---|---|---|---|---|---|\n");
+        for s in &split_acc {
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {:.1}% | {:.1}% | {:.0} |\n",
+                s.model,
+                s.region,
+                s.strategy,
+                s.examples,
+                100.0 * s.accuracy,
+                100.0 * s.char_accuracy,
+                s.tokens_per_s
+            ));
+        }
+        md.push_str(&format!(
+            "\nfull vs vanilla on the eval split, worst model and layout: {} pts exact ({} pts chars in place)\n",
+            pts(delta),
+            pts(char_delta)
+        ));
+    }
     md.push_str(&format!(
         "
 settings: block {}, threshold {}, multi-block window {} (lookahead below {} masks), max probes {}, {} threads

@@ -1,9 +1,11 @@
 //! `llada bench`: a model's left-to-right speed ([`ar`]), and the subcommands `bench
-//! diffusion` ([`diffusion`]) and `bench spec` ([`spec`]). Each parses its options, calls the
+//! diffusion` ([`diffusion`]), `bench diffusion-frontier` ([`frontier`]) and `bench spec`
+//! ([`spec`]). Each parses its options, calls the
 //! measurements of [`llada_zoo::bench`] and writes the report (tables, JSON, plots).
 
 pub mod ar;
 pub mod diffusion;
+pub mod frontier;
 pub mod spec;
 
 use clap::Args;
@@ -60,6 +62,9 @@ pub enum BenchCmd {
     /// Every diffusion strategy and ablation on the tiny zoo, plus the window sweep (Markdown,
     /// CSV, SVG plot, --json).
     Diffusion(diffusion::DiffusionBenchArgs),
+    /// The speed/accuracy frontier of the `full` strategy's settings on the task models (by
+    /// default on the tuning split, disjoint from the held-out one): CSV, JSON, SVG plot.
+    DiffusionFrontier(frontier::FrontierArgs),
     /// Speculative decoding configurations against the AR baseline (greedy; checks that every
     /// output is identical to AR). AR runs before and after each budget's configurations and
     /// the table reports their pooled rate (this machine's speed drifts within minutes).
@@ -69,6 +74,7 @@ pub enum BenchCmd {
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     match a.sub {
         Some(BenchCmd::Diffusion(d)) => diffusion::run(d),
+        Some(BenchCmd::DiffusionFrontier(f)) => frontier::run(f),
         Some(BenchCmd::Spec(s)) => spec::run(s),
         None => ar::run(a),
     }

@@ -14,7 +14,7 @@ use llada_decode::strategy::{Strategy, StrategyOptions};
 #[derive(Args, Clone)]
 pub struct DiffusionArgs {
     /// Strategy [default: vanilla]; multi-block, revision and full commit by confidence
-    /// threshold (default 0.9). The table of what each caches and commits:
+    /// threshold (default 0.95). The table of what each caches and commits:
     /// `llada_decode::strategy` (docs/diffusion.md).
     #[arg(long, value_enum)]
     pub strategy: Option<Strategy>,
@@ -22,13 +22,14 @@ pub struct DiffusionArgs {
     #[arg(long)]
     pub threshold: Option<f32>,
     /// Multi-block: the execution window's length, the most rows the dense lane recomputes
-    /// per pass (a static shape: 8, 16, 32, 64, 128, 256). On a CPU a pass costs its rows, so
-    /// the smallest shape is fastest (docs/diffusion.md); an NPU would want its compiled shape.
-    #[arg(long, default_value_t = 8)]
+    /// per pass (a static shape: 8, 16, 32, 64, 128, 256). The default holds the whole current
+    /// block and a block of lookahead: a narrower window reads the block's other masked rows
+    /// from stale cache rows and loses sorts (docs/diffusion.md, "Defaults").
+    #[arg(long, default_value_t = StrategyOptions::default().window)]
     pub window: usize,
     /// Multi-block: look ahead into future blocks when the current block has fewer masked
     /// tokens than this.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = StrategyOptions::default().lookahead)]
     pub lookahead: usize,
     /// Revision: change a token when the re-prediction differs with at least this probability.
     #[arg(long, default_value_t = 0.9)]

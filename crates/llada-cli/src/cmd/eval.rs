@@ -10,7 +10,9 @@ use llada_model::{LoadOptions, Model};
 use llada_runtime::Lane;
 use llada_train::tasks::{Score, MULTI_SUBTASKS, TASKS};
 use llada_train::vocab::CharVocab;
-use llada_zoo::eval::{parse_answer_region, AnswerRegion, DraftEval, TaskEvalRequest};
+use llada_zoo::eval::{
+    parse_answer_region, parse_split, AnswerRegion, DraftEval, Split, TaskEvalRequest,
+};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -27,7 +29,11 @@ pub struct EvalArgs {
     /// Held-out windows for prose / draft evaluation.
     #[arg(long, default_value_t = 24)]
     windows: usize,
-    /// Held-out examples per task.
+    /// Task models: `eval`, the held-out split the reported figures come from, or `tuning`,
+    /// training-side prompts (none held out) for choosing decoder settings.
+    #[arg(long, default_value = "eval", value_parser = parse_split)]
+    split: Split,
+    /// Examples per task.
     #[arg(long, default_value_t = 20)]
     per_task: usize,
     /// Only these tasks (comma-separated; default: all); each is scored on the same examples as
@@ -135,6 +141,7 @@ pub fn run(mut a: EvalArgs) -> Result<()> {
         );
     }
     let req = TaskEvalRequest {
+        split: a.split,
         per_task: a.per_task,
         tasks: a.tasks.clone(),
         max_scale: a.max_scale,
@@ -175,7 +182,7 @@ fn report_tasks(a: &EvalArgs, r: &llada_zoo::eval::TaskEval) {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "answer_region": region_name, "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks, "multi_items": multi_items})
+            serde_json::json!({"model": a.model.display().to_string(), "strategy": a.diffusion.name(), "split": a.split.name(), "answer_region": region_name, "examples": r.examples, "tasks": tasks, "accuracy": total, "char_tasks": char_tasks, "char_accuracy": char_total, "item_tasks": item_tasks, "multi_items": multi_items, "decode_s": r.decode_s, "positions": r.positions, "tokens_per_s": r.tokens_per_s(), "forwards": r.forwards})
         );
     } else {
         println!("task     exact   chars");
@@ -185,11 +192,18 @@ fn report_tasks(a: &EvalArgs, r: &llada_zoo::eval::TaskEval) {
             }
         }
         println!(
-            "overall  {:>5.1}%  {:>5.1}% ({} held-out examples, {} decoding, answer region {region_name}; chars: characters in place)",
+            "overall  {:>5.1}%  {:>5.1}% ({} examples of the {} split, {} decoding, answer region {region_name}; chars: characters in place)",
             100.0 * total,
             100.0 * char_total,
             r.examples,
+            a.split.name(),
             a.diffusion.name()
+        );
+        println!(
+            "decoding: {:.2} s, {:.0} answer positions/s, {:.2} positions per dense pass",
+            r.decode_s,
+            r.tokens_per_s(),
+            r.positions as f64 / r.forwards.max(1) as f64
         );
         if let Some(m) = item_tasks.get("multi") {
             let by_task: Vec<String> = MULTI_SUBTASKS
