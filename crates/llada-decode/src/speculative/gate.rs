@@ -5,11 +5,15 @@
 //! cores), a run whose drafts are seldom accepted would be slower than plain decoding.
 //!
 //! [`DraftGate`] compares the measured rate of the drafted steps (tokens emitted per second of
-//! drafting and verifying) with the measured rate of plain one-row steps (or, before any, the
-//! fitted cost of a one-row pass). When drafting is slower, the next steps verify the root
-//! alone, for a back-off that doubles while drafting keeps losing (4, 8, … 64 steps) and
-//! resets when it wins; after each back-off one drafted step probes again. Invariant: the
-//! gate only chooses whether a step drafts; the tokens are the target's either way.
+//! drafting and verifying) with the measured rate of plain one-row steps. The first drafted
+//! step is not judged (its draft prefills the whole prompt). Before any plain step has been
+//! measured, a drafted step slower than the fitted cost of a one-row pass buys one plain step
+//! to measure it (a fit from tree passes alone misjudged the plain rate and declined drafting
+//! that paid 3x under a memory budget). When drafting is slower than the measured plain rate,
+//! the next steps verify the root alone, for a back-off that doubles while drafting keeps
+//! losing (4, 8, … 64 steps) and resets when it wins; after each back-off one drafted step
+//! probes again. Invariant: the gate only chooses whether a step drafts; the tokens are the
+//! target's either way.
 
 /// Smoothing of the rates (weight of the newest step).
 const EMA: f64 = 0.3;
@@ -28,6 +32,8 @@ pub struct DraftGate {
     /// Plain steps left before the next drafted probe.
     skip: usize,
     backoff: usize,
+    /// Drafted steps recorded so far.
+    drafted: usize,
     /// Steps verified without drafting, over the run.
     pub declined: usize,
 }
@@ -39,6 +45,7 @@ impl Default for DraftGate {
             plain_rate: None,
             skip: 0,
             backoff: BACKOFF_MIN,
+            drafted: 0,
             declined: 0,
         }
     }
@@ -72,11 +79,17 @@ impl DraftGate {
             self.plain_rate = Some(ema(self.plain_rate, rate));
             return;
         }
-        self.spec_rate = Some(ema(self.spec_rate, rate));
-        let plain = self
-            .plain_rate
-            .or((plain_estimate > 0.0).then(|| 1.0 / plain_estimate));
-        let (Some(spec), Some(plain)) = (self.spec_rate, plain) else {
+        self.drafted += 1;
+        if self.drafted == 1 {
+            return; // the warm-up step: the draft read the prompt
+        }
+        let spec = ema(self.spec_rate, rate);
+        self.spec_rate = Some(spec);
+        let Some(plain) = self.plain_rate else {
+            // No plain step measured yet: one, if the fitted estimate says drafting may lose.
+            if plain_estimate > 0.0 && spec < KEEP / plain_estimate {
+                self.skip = 1;
+            }
             return;
         };
         if spec < KEEP * plain {
@@ -122,12 +135,21 @@ mod tests {
     }
 
     #[test]
-    fn the_cost_model_estimate_decides_until_a_plain_step_is_measured() {
+    fn a_pessimistic_estimate_buys_one_measured_plain_step() {
         let mut g = DraftGate::default();
+        // The warm-up step is not judged, however slow.
         assert!(g.should_draft());
-        // Drafted at 5 tok/s against an estimated 10 tok/s plain pass: back off.
+        g.record(true, 1, 10.0, 0.1);
+        assert!(g.should_draft());
+        // Drafted at 5 tok/s against an estimated 10 tok/s plain pass: measure one plain step.
         g.record(true, 5, 1.0, 0.1);
         assert!(!g.should_draft());
+        // It runs at 2 tok/s (the estimate was wrong): drafting continues.
+        g.record(false, 1, 0.5, 0.1);
+        for _ in 0..10 {
+            assert!(g.should_draft());
+            g.record(true, 5, 1.0, 0.1);
+        }
         assert_eq!(g.declined, 1);
         // A degenerate step (no time, no tokens) changes nothing.
         let before = g.clone();
