@@ -300,14 +300,7 @@ impl ArSequence {
         let before = self.text.len();
         self.text.push_str(&piece);
         let text = &self.text;
-        let cut = self
-            .stop_strings
-            .iter()
-            .filter_map(|s| {
-                let from = char_floor(text, before.saturating_sub(s.len()));
-                text[from..].find(s.as_str()).map(|i| i + from)
-            })
-            .min();
+        let cut = find_stop(text, before, &self.stop_strings);
         // Final: up to the cut, else all but an ending that may still grow into a stop string.
         let upto = cut.unwrap_or_else(|| text.len() - held(text, &self.stop_strings));
         if upto > self.shown {
@@ -316,6 +309,19 @@ impl ArSequence {
         }
         cut
     }
+}
+
+/// Where the first of `stops` begins in `text`, among the occurrences that end past byte
+/// `before` (the text up to `before` was searched already): the cut of a stop string that the
+/// newest piece completed.
+pub fn find_stop(text: &str, before: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter_map(|s| {
+            let from = char_floor(text, before.saturating_sub(s.len()));
+            text[from..].find(s.as_str()).map(|i| i + from)
+        })
+        .min()
 }
 
 /// Bytes at the end of `text` that are a proper prefix of one of `stops` (the longest such
@@ -335,7 +341,7 @@ fn held(text: &str, stops: &[String]) -> usize {
 
 /// The largest char boundary of `s` at or below byte `i` (a stop-string search window must
 /// not start inside a multi-byte character).
-pub fn char_floor(s: &str, mut i: usize) -> usize {
+fn char_floor(s: &str, mut i: usize) -> usize {
     while i > 0 && !s.is_char_boundary(i) {
         i -= 1;
     }

@@ -292,7 +292,16 @@ pub fn try_held_out_subset(
     tasks: &[&'static str],
     scale: f64,
 ) -> anyhow::Result<Vec<Example>> {
-    let mut g = TaskGen::new(0x5eed_0fe1d, true);
+    draw_per_task(TaskGen::new(0x5eed_0fe1d, true), n, tasks, scale)
+}
+
+/// `n` examples of each of `tasks` in turn from `g` at length scale `scale`.
+fn draw_per_task(
+    mut g: TaskGen,
+    n: usize,
+    tasks: &[&'static str],
+    scale: f64,
+) -> anyhow::Result<Vec<Example>> {
     g.scale = scale;
     let mut v = vec![];
     for &t in tasks {
@@ -352,15 +361,7 @@ pub const TUNING_SEED: u64 = 0x7_0e1d;
 /// may have trained on some of them (a training stream draws from the same side), so tuned
 /// figures can read a little high; only their differences choose the settings.
 pub fn tuning_tasks(n: usize, tasks: &[&'static str], scale: f64) -> anyhow::Result<Vec<Example>> {
-    let mut g = TaskGen::new(TUNING_SEED, false);
-    g.scale = scale;
-    let mut v = vec![];
-    for &t in tasks {
-        for _ in 0..n {
-            v.push(g.try_next(Some(t))?);
-        }
-    }
-    Ok(v)
+    draw_per_task(TaskGen::new(TUNING_SEED, false), n, tasks, scale)
 }
 
 /// Character-level score of an answer: `(matches, total)`, where `matches` counts the positions

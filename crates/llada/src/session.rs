@@ -342,7 +342,6 @@ impl<'e> Session<'e> {
                 let tok = e.tokenizer()?;
                 let mut stream = llada_decode::ar::TextStream::new();
                 let mut shown = String::new();
-                let longest = opts.stop.iter().map(String::len).max().unwrap_or(0);
                 let mut on_step = |new: &[u32]| {
                     if opts.stop.is_empty() {
                         return true;
@@ -351,8 +350,7 @@ impl<'e> Session<'e> {
                     for &t in new {
                         shown.push_str(&stream.push(tok, t));
                     }
-                    let from = llada_decode::ar::char_floor(&shown, before.saturating_sub(longest));
-                    !opts.stop.iter().any(|s| shown[from..].contains(s.as_str()))
+                    llada_decode::ar::find_stop(&shown, before, &opts.stop).is_none()
                 };
                 llada_decode::speculative::generate_with(
                     target,
@@ -408,14 +406,7 @@ impl<'e> Session<'e> {
             for (i, &t) in tokens[..end].iter().enumerate() {
                 let before = shown.len();
                 shown.push_str(&stream.push(tok, t));
-                let cut = stop_strings
-                    .iter()
-                    .filter_map(|s| {
-                        let from =
-                            llada_decode::ar::char_floor(&shown, before.saturating_sub(s.len()));
-                        shown[from..].find(s.as_str()).map(|j| j + from)
-                    })
-                    .min();
+                let cut = llada_decode::ar::find_stop(&shown, before, stop_strings);
                 if let Some(c) = cut {
                     shown.truncate(c);
                     text = shown;

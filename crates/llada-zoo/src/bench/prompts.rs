@@ -86,7 +86,7 @@ impl PromptSet {
         self.len() == 0
     }
     /// The prompts as text, chat requests rendered with the target's template (what a peer
-    /// given text tokenizes to the ids of [`Self::load`]).
+    /// given text tokenizes to the ids of [`Self::encode`]).
     pub fn texts(&self, tok: &Tokenizer) -> Result<Vec<String>> {
         let texts = match *self {
             PromptSet::Mixed(n) => mixed_texts(tok, n)?,
@@ -103,9 +103,9 @@ impl PromptSet {
             })
             .collect())
     }
-    /// The prompts as token ids.
-    pub fn load(&self, tok: &Tokenizer) -> Result<Vec<Vec<u32>>> {
-        self.texts(tok)?
+    /// Texts from [`Self::texts`] as token ids.
+    pub fn encode(tok: &Tokenizer, texts: &[String]) -> Result<Vec<Vec<u32>>> {
+        texts
             .iter()
             .map(|t| tok.encode(t).map_err(crate::error::msg))
             .collect()

@@ -338,7 +338,7 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
             Some(p) => (&p.0, &p.1),
             slot @ None => {
                 let texts = a.prompts.texts(tok)?;
-                let ids = a.prompts.load(tok)?;
+                let ids = PromptSet::encode(tok, &texts)?;
                 let p = slot.insert((ids, texts));
                 (&p.0, &p.1)
             }
@@ -437,9 +437,8 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
         // The peer's rows: resident only, for each drafter that is a GGUF draft model.
         let mut peer_cells: Vec<(usize, Cell)> = vec![];
         let mut peer_paths: Vec<std::path::PathBuf> = vec![];
-        let mut peer_bin: Vec<std::path::PathBuf> = vec![];
         let mut peer_names: Vec<String> = vec![];
-        if let (Some(bin), None) = (&a.peer_dir, mem_budget) {
+        if a.peer_dir.is_some() && mem_budget.is_none() {
             for draft in &a.drafts {
                 let Ok(p) = llada::models::resolve(draft, true) else {
                     continue;
@@ -459,7 +458,6 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                     ));
                 }
                 peer_paths.push(p);
-                peer_bin.push(bin.clone());
                 peer_names.push(draft.clone());
             }
         }
@@ -591,7 +589,9 @@ pub fn run(path: &Path, a: &SpecBench, progress: &dyn Progress) -> Result<SpecMe
                 progress.inc(1);
             }
             for (d, cell) in peer_cells.iter_mut() {
-                let (bin, draft_path) = (&peer_bin[*d], &peer_paths[*d]);
+                let (Some(bin), draft_path) = (&a.peer_dir, &peer_paths[*d]) else {
+                    continue;
+                };
                 progress.status(&format!("{budget}: prompt {}: {}", i + 1, cell.name));
                 let CellMode::Peer { n_max } = cell.mode else {
                     continue;
